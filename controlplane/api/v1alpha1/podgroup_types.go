@@ -1,0 +1,169 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Well-known labels and annotations.
+const (
+	// QueueLabel names the Queue of a workload, a pod or (as default) a namespace.
+	QueueLabel = "tessera.dev/queue"
+	// PodGroupAnnotation on a pod names the PodGroup (same namespace) the pod belongs to. The
+	// scheduler's mapper sets it; a user may set it to form a gang by hand.
+	PodGroupAnnotation = "scheduling.tessera.dev/pod-group"
+	// SchedulerName is the spec.schedulerName with which pods opt in to tessera.
+	SchedulerName = "tessera-scheduler"
+)
+
+// PodGroup condition types.
+const (
+	// PodGroupConditionScheduled is True once minMember pods are bound; False says why not, in
+	// numbers.
+	PodGroupConditionScheduled = "Scheduled"
+	// PodGroupConditionQueueResolved is False when the gang has no queue or its queue does not
+	// exist or is invalid; such a gang is never placed.
+	PodGroupConditionQueueResolved = "QueueResolved"
+	// PodGroupConditionMapped says how the gang was found: from the catalog, by hand
+	// (annotation), or as a fallback one-pod gang for an unknown workload kind.
+	PodGroupConditionMapped = "Mapped"
+)
+
+// PodGroup condition reasons.
+const (
+	ReasonScheduled          = "Scheduled"
+	ReasonWaitingForMembers  = "WaitingForMembers"
+	ReasonWaitingForClaims   = "WaitingForClaims"
+	ReasonUnschedulable      = "Unschedulable"
+	ReasonQuotaExceeded      = "QuotaExceeded"
+	ReasonCommitFailed       = "CommitFailed"
+	ReasonNoQueue            = "NoQueue"
+	ReasonQueueNotFound      = "QueueNotFound"
+	ReasonQueueInvalid       = "QueueInvalid"
+	ReasonQueueFound         = "QueueFound"
+	ReasonCatalog            = "Catalog"
+	ReasonManual             = "Manual"
+	ReasonUnknownWorkload    = "UnknownWorkload"
+	ReasonCatalogUnavailable = "CatalogUnavailable"
+)
+
+// TopologyMode says whether a gang must or should stay in one topology domain.
+// +kubebuilder:validation:Enum=Required;Preferred
+type TopologyMode string
+
+const (
+	TopologyRequired  TopologyMode = "Required"
+	TopologyPreferred TopologyMode = "Preferred"
+)
+
+// PodGroup is one gang: at least minMember of its pods are placed together or none is.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=pg
+// +kubebuilder:printcolumn:name="Queue",type=string,JSONPath=`.spec.queue`
+// +kubebuilder:printcolumn:name="MinMember",type=integer,JSONPath=`.spec.minMember`
+// +kubebuilder:printcolumn:name="Scheduled",type=integer,JSONPath=`.status.scheduled`
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+type PodGroup struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	Spec   PodGroupSpec   `json:"spec"`
+	Status PodGroupStatus `json:"status,omitempty"`
+}
+
+// PodGroupSpec describes a gang.
+type PodGroupSpec struct {
+	// MinMember is how many pods must be placed at once.
+	// +kubebuilder:validation:Minimum=1
+	MinMember int32 `json:"minMember"`
+
+	// Queue is the name of the (leaf) Queue the gang is charged to. Empty means no queue was
+	// found: the gang waits with QueueResolved=False.
+	// +optional
+	Queue string `json:"queue,omitempty"`
+
+	// Priority orders gangs inside a queue (higher first).
+	// +optional
+	Priority int32 `json:"priority,omitempty"`
+
+	// Components of the workload that belong to this gang.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	Components []PodGroupComponent `json:"components,omitempty"`
+
+	// Topology keeps the gang inside one topology domain.
+	// +optional
+	Topology *TopologyConstraint `json:"topology,omitempty"`
+
+	// Workload is the top-level object the gang was derived from.
+	// +optional
+	Workload *WorkloadReference `json:"workload,omitempty"`
+}
+
+// PodGroupComponent is one component of the workload within the gang.
+type PodGroupComponent struct {
+	// +kubebuilder:validation:MinLength=1
+	Name string `json:"name"`
+	// MinMember pods of this component count toward the gang's minMember.
+	// +kubebuilder:validation:Minimum=0
+	MinMember int32 `json:"minMember"`
+}
+
+// TopologyConstraint names the node label whose value is a topology domain (a rack, an NVLink
+// domain).
+type TopologyConstraint struct {
+	// Key is the node label key.
+	// +kubebuilder:validation:MinLength=1
+	Key string `json:"key"`
+	// Mode Required: the gang binds only inside one domain. Preferred: one domain if possible.
+	// +kubebuilder:default=Preferred
+	Mode TopologyMode `json:"mode,omitempty"`
+}
+
+// WorkloadReference points at the top-level workload of a gang.
+type WorkloadReference struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Name       string `json:"name"`
+}
+
+// PodGroupPhase summarises the gang.
+type PodGroupPhase string
+
+const (
+	PodGroupPending   PodGroupPhase = "Pending"
+	PodGroupScheduled PodGroupPhase = "Scheduled"
+	PodGroupRunning   PodGroupPhase = "Running"
+)
+
+// PodGroupStatus says where the gang stands and, while it waits, why, in numbers.
+type PodGroupStatus struct {
+	// +optional
+	Phase PodGroupPhase `json:"phase,omitempty"`
+	// Members is how many pods of the gang exist.
+	// +optional
+	Members int32 `json:"members,omitempty"`
+	// Scheduled is how many pods of the gang are bound.
+	// +optional
+	Scheduled int32 `json:"scheduled,omitempty"`
+	// Running is how many pods of the gang run.
+	// +optional
+	Running int32 `json:"running,omitempty"`
+	// Conditions: Scheduled, QueueResolved, Mapped.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// PodGroupList is a list of PodGroups.
+//
+// +kubebuilder:object:root=true
+type PodGroupList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []PodGroup `json:"items"`
+}
