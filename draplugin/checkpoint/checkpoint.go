@@ -1,0 +1,279 @@
+// Package checkpoint persists what the kubelet plugin has prepared on this
+// node, so that a restarted plugin can finish or undo its work.
+//
+// The file is a versioned envelope around the state:
+//
+//	{"version":"tessera.gpu/checkpoint-v1","bootID":"…","checksum":"sha256:…","data":{…}}
+//
+// The checksum covers the exact bytes of data. Writes go to a temporary
+// file in the same directory, are fsynced, renamed over the old file and
+// the directory is fsynced, so a crash leaves either the old or the new
+// checkpoint, never a mix.
+package checkpoint
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Version is the current format. Readers refuse other versions (as corrupt)
+// rather than guess at their meaning.
+const Version = "tessera.gpu/checkpoint-v1"
+
+// State of a claim in the checkpoint.
+type ClaimState string
+
+const (
+	// PrepareStarted is written before the first side effect of a prepare.
+	PrepareStarted ClaimState = "PrepareStarted"
+	// PrepareCompleted is written after the last side effect of a prepare.
+	PrepareCompleted ClaimState = "PrepareCompleted"
+)
+
+// DeviceKind is what a prepared device is.
+type DeviceKind string
+
+const (
+	KindGPU    DeviceKind = "gpu"    // a whole GPU held exclusively
+	KindMIG    DeviceKind = "mig"    // a MIG device held exclusively
+	KindShared DeviceKind = "shared" // a fractional share of a GPU
+)
+
+// Data is everything the plugin remembers.
+type Data struct {
+	// Claims by UID.
+	Claims map[types.UID]*Claim `json:"claims,omitempty"`
+	// MPSDaemons lists the devices (by UUID) for which an MPS control daemon
+	// may be running. An entry is written before the daemon is started and
+	// removed after it was stopped.
+	MPSDaemons map[string]MPSDaemon `json:"mpsDaemons,omitempty"`
+	// PendingMIGDestroys are MIG instances that must go but whose destroy
+	// failed; retried at every start and unprepare.
+	PendingMIGDestroys []MIGInstance `json:"pendingMIGDestroys,omitempty"`
+}
+
+// Claim is one prepared (or being prepared) ResourceClaim.
+type Claim struct {
+	UID       types.UID  `json:"uid"`
+	Namespace string     `json:"namespace"`
+	Name      string     `json:"name"`
+	State     ClaimState `json:"state"`
+	Devices   []Device   `json:"devices"`
+}
+
+// Device is one allocated device of a claim and what was done for it.
+type Device struct {
+	Requests []string   `json:"requests"`
+	Pool     string     `json:"pool"`
+	Device   string     `json:"device"`
+	ShareID  *types.UID `json:"shareID,omitempty"`
+	Kind     DeviceKind `json:"kind"`
+	// GPUUUID and GPUMinor identify the physical (parent) GPU.
+	GPUUUID  string `json:"gpuUUID"`
+	GPUMinor int    `json:"gpuMinor"`
+	// MIG is set for KindMIG.
+	MIG *MIGInstance `json:"mig,omitempty"`
+	// Sharing is how the device is shared, nil for exclusive use.
+	Sharing *Sharing `json:"sharing,omitempty"`
+	// CDIDeviceIDs returned to the kubelet.
+	CDIDeviceIDs []string `json:"cdiDeviceIDs"`
+}
+
+// MIGInstance identifies a GPU instance and its compute instance. The
+// placement is recorded before the instance is created, so a restart can
+// find an instance created just before a crash.
+type MIGInstance struct {
+	ParentUUID  string `json:"parentUUID"`
+	ParentMinor int    `json:"parentMinor"`
+	Profile     string `json:"profile"`
+	GIProfileID uint32 `json:"giProfileID"`
+	CIProfileID uint32 `json:"ciProfileID"`
+	Start       uint32 `json:"start"`
+	Size        uint32 `json:"size"`
+	// GIID and CIID are known once created (0 before; use Created).
+	GIID    uint32 `json:"giID"`
+	CIID    uint32 `json:"ciID"`
+	Created bool   `json:"created"`
+	// Static is true for an instance that existed before the claim (an
+	// administrator's static MIG device): it is used but never destroyed.
+	Static bool `json:"static,omitempty"`
+}
+
+// Sharing records how a device is shared.
+type Sharing struct {
+	Strategy string `json:"strategy"` // "MPS" or "TimeSlicing"
+	// MPS client limits of this claim.
+	ActiveThreadPercentage int32 `json:"activeThreadPercentage,omitempty"`
+	PinnedMemoryLimitBytes int64 `json:"pinnedMemoryLimitBytes,omitempty"`
+	// MPSDevice is the UUID the MPS daemon serves (GPU or MIG device).
+	MPSDevice string `json:"mpsDevice,omitempty"`
+	// TimeSliceInterval is 0..3 for time-slicing.
+	TimeSliceInterval int `json:"timeSliceInterval,omitempty"`
+}
+
+// MPSDaemon records one MPS control daemon.
+type MPSDaemon struct {
+	PipeDir string `json:"pipeDir"`
+	LogDir  string `json:"logDir"`
+}
+
+type envelope struct {
+	Version  string          `json:"version"`
+	BootID   string          `json:"bootID"`
+	Checksum string          `json:"checksum"`
+	Data     json.RawMessage `json:"data"`
+}
+
+// Checkpoint is a loaded checkpoint.
+type Checkpoint struct {
+	BootID string
+	Data   Data
+}
+
+// ErrCorrupt marks a checkpoint that cannot be trusted.
+var ErrCorrupt = errors.New("checkpoint is corrupt")
+
+// NewData returns empty state.
+func NewData() Data {
+	return Data{Claims: map[types.UID]*Claim{}, MPSDaemons: map[string]MPSDaemon{}}
+}
+
+// Read loads the checkpoint at path. A missing file returns (nil, nil). A
+// file that does not parse, has another version or a wrong checksum
+// returns an error wrapping ErrCorrupt.
+func Read(path string) (*Checkpoint, error) {
+	raw, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read checkpoint %s: %w", path, err)
+	}
+	return Decode(raw)
+}
+
+// Decode parses and verifies checkpoint bytes.
+func Decode(raw []byte) (*Checkpoint, error) {
+	var env envelope
+	if err := json.Unmarshal(raw, &env); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
+	if env.Version != Version {
+		return nil, fmt.Errorf("%w: version %q, want %q", ErrCorrupt, env.Version, Version)
+	}
+	if got := checksum(env.Data); got != env.Checksum {
+		return nil, fmt.Errorf("%w: checksum %s does not match content (%s)", ErrCorrupt, env.Checksum, got)
+	}
+	cp := &Checkpoint{BootID: env.BootID, Data: NewData()}
+	dec := json.NewDecoder(bytes.NewReader(env.Data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&cp.Data); err != nil {
+		return nil, fmt.Errorf("%w: data: %w", ErrCorrupt, err)
+	}
+	if cp.Data.Claims == nil {
+		cp.Data.Claims = map[types.UID]*Claim{}
+	}
+	if cp.Data.MPSDaemons == nil {
+		cp.Data.MPSDaemons = map[string]MPSDaemon{}
+	}
+	return cp, nil
+}
+
+// Encode serializes the state with the envelope.
+func Encode(bootID string, data *Data) ([]byte, error) {
+	raw, err := json.Marshal(data)
+	if err != nil {
+		return nil, fmt.Errorf("encode checkpoint data: %w", err)
+	}
+	return json.Marshal(envelope{Version: Version, BootID: bootID, Checksum: checksum(raw), Data: raw})
+}
+
+// Write stores the state atomically at path.
+func Write(path, bootID string, data *Data) error {
+	b, err := Encode(bootID, data)
+	if err != nil {
+		return err
+	}
+	return WriteFileAtomic(path, b, 0o600)
+}
+
+// MoveAside renames a corrupt checkpoint so that it is kept for inspection
+// but no longer read. It returns the new name.
+func MoveAside(path string, now time.Time) (string, error) {
+	dst := fmt.Sprintf("%s.corrupt-%s", path, now.UTC().Format("20060102T150405.000000000Z"))
+	if err := os.Rename(path, dst); err != nil {
+		return "", fmt.Errorf("move corrupt checkpoint aside: %w", err)
+	}
+	return dst, syncDir(filepath.Dir(path))
+}
+
+func checksum(b []byte) string {
+	sum := sha256.Sum256(b)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// WriteFileAtomic writes data to a temporary file next to path, fsyncs it,
+// renames it to path and fsyncs the directory.
+func WriteFileAtomic(path string, data []byte, perm os.FileMode) (err error) {
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("create temporary file for %s: %w", path, err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tmp.Close()
+			_ = os.Remove(tmp.Name())
+		}
+	}()
+	if _, err = tmp.Write(data); err != nil {
+		return fmt.Errorf("write %s: %w", tmp.Name(), err)
+	}
+	if err = tmp.Chmod(perm); err != nil {
+		return fmt.Errorf("chmod %s: %w", tmp.Name(), err)
+	}
+	if err = tmp.Sync(); err != nil {
+		return fmt.Errorf("fsync %s: %w", tmp.Name(), err)
+	}
+	if err = tmp.Close(); err != nil {
+		return fmt.Errorf("close %s: %w", tmp.Name(), err)
+	}
+	if err = os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("rename %s to %s: %w", tmp.Name(), path, err)
+	}
+	return syncDir(dir)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("open directory %s: %w", dir, err)
+	}
+	defer func() { _ = d.Close() }()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("fsync directory %s: %w", dir, err)
+	}
+	return nil
+}
+
+// BootID reads the kernel's boot ID, which changes at every boot: MIG
+// instances, MPS daemons and /var/run do not survive a reboot, so neither
+// does a checkpoint written before it.
+func BootID() (string, error) {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return "", fmt.Errorf("read boot ID: %w", err)
+	}
+	return strings.TrimSpace(string(b)), nil
+}
