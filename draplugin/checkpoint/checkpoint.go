@@ -58,9 +58,6 @@ type Data struct {
 	// may be running. An entry is written before the daemon is started and
 	// removed after it was stopped.
 	MPSDaemons map[string]MPSDaemon `json:"mpsDaemons,omitempty"`
-	// PendingMIGDestroys are MIG instances that must go but whose destroy
-	// failed; retried at every start and unprepare.
-	PendingMIGDestroys []MIGInstance `json:"pendingMIGDestroys,omitempty"`
 }
 
 // Claim is one prepared (or being prepared) ResourceClaim.
