@@ -1,0 +1,133 @@
+package deviceplugin
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"sort"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+)
+
+const (
+	// visibleDevicesEnv is read by the NVIDIA container runtime hook, which
+	// injects the driver and the MIG capabilities of the devices it names.
+	visibleDevicesEnv = "NVIDIA_VISIBLE_DEVICES"
+	// cdiAnnotationPlugin prefixes the CDI annotation key (cdi.k8s.io/<it>_<id>).
+	cdiAnnotationPlugin = "tessera-device-plugin"
+)
+
+// controlDevices are the device nodes every CUDA container needs besides
+// its GPUs' /dev/nvidia<minor>.
+var controlDevices = []string{"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}
+
+// Allocate tells the kubelet how to give each container its devices, in the
+// forms the config's deviceListStrategy names. Replicas of one GPU collapse
+// to that GPU.
+func (s *server) Allocate(ctx context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+	logger := klog.FromContext(s.p.ctx).WithValues("resource", s.res.name)
+	resp := &pluginapi.AllocateResponse{}
+	for _, cr := range req.GetContainerRequests() {
+		cresp, err := s.p.allocate(s.res, cr.GetDevicesIds())
+		if err != nil {
+			logger.Error(err, "Allocate refused", "devices", cr.GetDevicesIds())
+			return nil, status.Errorf(codes.InvalidArgument, "allocate %s: %v", s.res.name, err)
+		}
+		logger.V(2).Info("Allocated", "devices", cr.GetDevicesIds())
+		resp.ContainerResponses = append(resp.ContainerResponses, cresp)
+	}
+	return resp, nil
+}
+
+func (p *Plugin) allocate(r *resource, deviceIDs []string) (*pluginapi.ContainerAllocateResponse, error) {
+	if len(deviceIDs) == 0 {
+		return nil, fmt.Errorf("no devices requested")
+	}
+	if ts := p.cfg.TimeSlicing; r.replicated && ts.FailRequestsGreaterThanOne && len(deviceIDs) > 1 {
+		return nil, fmt.Errorf("%d replicas requested, but timeSlicing.failRequestsGreaterThanOne allows one per container: "+
+			"a time-sliced GPU gives no more compute to a container holding several of its replicas", len(deviceIDs))
+	}
+	var units []*unit
+	seen := map[*unit]bool{}
+	for _, id := range deviceIDs {
+		a, ok := r.byID[id]
+		if !ok {
+			return nil, fmt.Errorf("unknown device %q", id)
+		}
+		if !seen[a.unit] {
+			seen[a.unit] = true
+			units = append(units, a.unit)
+		}
+	}
+	unitIDs := make([]string, len(units))
+	for i, u := range units {
+		unitIDs[i] = u.id
+	}
+
+	resp := &pluginapi.ContainerAllocateResponse{}
+	for _, strategy := range p.cfg.DeviceListStrategy {
+		switch strategy {
+		case DeviceListEnvVar:
+			resp.Envs = map[string]string{visibleDevicesEnv: strings.Join(unitIDs, ",")}
+			resp.Devices = deviceSpecs(units)
+		case DeviceListCDIAnnotations:
+			ann, err := cdi.UpdateAnnotations(nil, cdiAnnotationPlugin, annotationID(deviceIDs), p.cdiNames(unitIDs))
+			if err != nil {
+				return nil, fmt.Errorf("building CDI annotation (config field cdiKind %q): %w", p.cfg.CDIKind, err)
+			}
+			resp.Annotations = ann
+		case DeviceListCDICRI:
+			for _, name := range p.cdiNames(unitIDs) {
+				resp.CdiDevices = append(resp.CdiDevices, &pluginapi.CDIDevice{Name: name})
+			}
+		}
+	}
+	return resp, nil
+}
+
+// cdiNames are the fully qualified CDI names <kind>=<uuid>.
+func (p *Plugin) cdiNames(unitIDs []string) []string {
+	out := make([]string, len(unitIDs))
+	for i, id := range unitIDs {
+		out[i] = p.cfg.CDIKind + "=" + id
+	}
+	return out
+}
+
+// annotationID makes the per-container part of the CDI annotation key: it
+// must be unique among a container's annotations and stay within the 63
+// characters of a key name, so a hash of the requested IDs.
+func annotationID(deviceIDs []string) string {
+	sorted := append([]string(nil), deviceIDs...)
+	sort.Strings(sorted)
+	sum := sha256.Sum256([]byte(strings.Join(sorted, ",")))
+	return hex.EncodeToString(sum[:8])
+}
+
+// deviceSpecs lists the device nodes of the units' GPUs plus the control
+// nodes. A MIG device is reached through its parent's node; its capability
+// nodes under /dev/nvidia-caps are the runtime hook's job, from
+// NVIDIA_VISIBLE_DEVICES.
+func deviceSpecs(units []*unit) []*pluginapi.DeviceSpec {
+	var specs []*pluginapi.DeviceSpec
+	add := func(path string) {
+		specs = append(specs, &pluginapi.DeviceSpec{ContainerPath: path, HostPath: path, Permissions: "rw"})
+	}
+	for _, path := range controlDevices {
+		add(path)
+	}
+	seen := map[int]bool{}
+	for _, u := range units {
+		if !seen[u.gpu.Minor] {
+			seen[u.gpu.Minor] = true
+			add(fmt.Sprintf("/dev/nvidia%d", u.gpu.Minor))
+		}
+	}
+	return specs
+}

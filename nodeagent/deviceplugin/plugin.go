@@ -1,0 +1,236 @@
+// Package deviceplugin is tessera's classic kubelet device plugin
+// (k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1): it offers the GPUs that the
+// node config puts in device-plugin mode as extended resources (whole GPUs,
+// MIG devices, time-sliced replicas), with NVLink-aware preferred
+// allocation, so that a cluster can move from nvidia.com/gpu to DRA node by
+// node.
+package deviceplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/klog/v2"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+// registerTimeout bounds one Register call; the kubelet answers at once.
+const registerTimeout = 10 * time.Second
+
+// Plugin serves every resource of the selected GPUs; Run drives it.
+type Plugin struct {
+	cfg           Config
+	resources     []*resource
+	kubeletSocket string
+	topo          *topology
+	health        HealthSource
+
+	// ctx is Run's context, for the loggers of the gRPC handlers.
+	ctx     context.Context
+	running atomic.Bool
+
+	mu sync.Mutex
+	// unhealthy maps a GPU or MIG UUID to why it is unhealthy.
+	unhealthy map[string]string
+	// changed is closed (and replaced) whenever unhealthy changes, which
+	// wakes every ListAndWatch stream.
+	changed chan struct{}
+}
+
+// New validates the options and groups the GPUs into resources. Errors name
+// the config field (or the hardware that does not fit it), and nothing has
+// been started when New fails.
+func New(opts Options) (*Plugin, error) {
+	cfg := opts.Config
+	cfg.Default()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	gpus, err := opts.gpus()
+	if err != nil {
+		return nil, err
+	}
+	resources, err := buildResources(cfg, gpus)
+	if err != nil {
+		return nil, err
+	}
+	p := &Plugin{
+		cfg:           cfg,
+		resources:     resources,
+		kubeletSocket: filepath.Join(cfg.PluginDir, cfg.KubeletSocket),
+		health:        opts.Health,
+		ctx:           context.Background(),
+		unhealthy:     map[string]string{},
+		changed:       make(chan struct{}),
+	}
+	for _, r := range resources {
+		if r.whole && !r.replicated && opts.NVML != nil {
+			p.topo = newTopology(opts.NVML)
+			break
+		}
+	}
+	return p, nil
+}
+
+// ResourceNames lists the extended resources the plugin serves, e.g. for
+// the node agent's log line or status.
+func (p *Plugin) ResourceNames() []string {
+	names := make([]string, len(p.resources))
+	for i, r := range p.resources {
+		names[i] = r.name
+	}
+	return names
+}
+
+// Run serves every resource on its socket, registers it with the kubelet
+// (retrying with backoff until the kubelet answers), registers again whenever
+// the kubelet restarts (its socket is created anew), and applies health
+// events, until ctx ends. It removes its sockets before it returns; it
+// returns nil when ctx ends and an error when it cannot serve at all.
+func (p *Plugin) Run(ctx context.Context) error {
+	if !p.running.CompareAndSwap(false, true) {
+		return errors.New("device plugin: Run called twice")
+	}
+	logger := klog.FromContext(ctx).WithName("deviceplugin")
+	ctx = klog.NewContext(ctx, logger)
+	p.ctx = ctx
+
+	// Watch before the first registration so that a kubelet restart between
+	// the two is not missed.
+	watcher, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("device plugin: watching for kubelet restarts: %w", err)
+	}
+	defer func() { _ = watcher.Close() }()
+	if err := watcher.Add(p.cfg.PluginDir); err != nil {
+		return fmt.Errorf("device plugin: watching %s (config field pluginDir) for kubelet restarts: %w", p.cfg.PluginDir, err)
+	}
+
+	var events <-chan HealthEvent
+	if p.health != nil {
+		events = p.health.Subscribe(ctx)
+	}
+
+	servers := make([]*server, len(p.resources))
+	for i, r := range p.resources {
+		servers[i] = &server{p: p, res: r, socket: filepath.Join(p.cfg.PluginDir, socketName(r.name))}
+	}
+	defer func() {
+		for _, s := range servers {
+			s.stop(ctx)
+		}
+	}()
+	for _, s := range servers {
+		if err := s.start(ctx); err != nil {
+			return fmt.Errorf("device plugin: %w", err)
+		}
+	}
+	logger.Info("Device plugin serving", "resources", p.ResourceNames(), "kubeletSocket", p.kubeletSocket)
+
+	backoff := newRegisterBackoff()
+	pending := append([]*server(nil), servers...)
+	retry := time.NewTimer(0)
+	defer retry.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			logger.Info("Device plugin stopping")
+			return nil
+
+		case <-retry.C:
+			pending = p.registerAll(ctx, pending)
+			if len(pending) > 0 {
+				retry.Reset(backoff.Step())
+			}
+
+		case ev, ok := <-watcher.Events:
+			if !ok {
+				return errors.New("device plugin: kubelet socket watcher closed")
+			}
+			if filepath.Clean(ev.Name) != p.kubeletSocket || !ev.Has(fsnotify.Create) {
+				continue
+			}
+			// A new kubelet wiped the plugin dir (our sockets with it) and
+			// forgot every registration: serve anew and register again.
+			logger.Info("Kubelet socket created, kubelet restarted: registering again", "kubeletSocket", p.kubeletSocket)
+			for _, s := range servers {
+				s.stop(ctx)
+				if err := s.start(ctx); err != nil {
+					return fmt.Errorf("device plugin: after kubelet restart: %w", err)
+				}
+			}
+			pending = append(pending[:0], servers...)
+			backoff = newRegisterBackoff()
+			retry.Reset(0)
+
+		case err, ok := <-watcher.Errors:
+			if ok {
+				logger.Error(err, "Watching the kubelet socket")
+			}
+
+		case ev, ok := <-events:
+			if !ok {
+				// The source only closes when ctx ends; don't spin on it.
+				events = nil
+				continue
+			}
+			p.applyHealth(ctx, ev)
+		}
+	}
+}
+
+// registerAll registers each pending server and returns those that failed.
+func (p *Plugin) registerAll(ctx context.Context, pending []*server) []*server {
+	logger := klog.FromContext(ctx)
+	var failed []*server
+	for _, s := range pending {
+		if err := s.register(ctx, p.kubeletSocket); err != nil {
+			logger.Error(err, "Registering with kubelet failed, will retry", "resource", s.res.name)
+			failed = append(failed, s)
+			continue
+		}
+		logger.Info("Registered with kubelet", "resource", s.res.name, "devices", len(s.res.devices))
+	}
+	return failed
+}
+
+func newRegisterBackoff() *wait.Backoff {
+	return &wait.Backoff{Duration: 200 * time.Millisecond, Factor: 2, Jitter: 0.1, Steps: math.MaxInt32, Cap: 30 * time.Second}
+}
+
+// listDevices returns the resource's devices with their current health and
+// the channel that is closed on the next health change.
+func (p *Plugin) listDevices(r *resource) ([]*pluginapi.Device, <-chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	devs := make([]*pluginapi.Device, len(r.devices))
+	for i, a := range r.devices {
+		d := &pluginapi.Device{ID: a.id, Health: pluginapi.Healthy}
+		if p.isUnhealthyLocked(a.unit) {
+			d.Health = pluginapi.Unhealthy
+		}
+		if n := a.unit.gpu.NUMANode; n != nil {
+			d.Topology = &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: int64(*n)}}}
+		}
+		devs[i] = d
+	}
+	return devs, p.changed
+}
+
+// isUnhealthyLocked: a MIG device or replica is unhealthy when it or its GPU
+// is.
+func (p *Plugin) isUnhealthyLocked(u *unit) bool {
+	if _, bad := p.unhealthy[u.gpu.UUID]; bad {
+		return true
+	}
+	_, bad := p.unhealthy[u.id]
+	return bad
+}
