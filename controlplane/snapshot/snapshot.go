@@ -1,0 +1,456 @@
+// Package snapshot is the scheduler's in-memory view of the cluster for one scheduling cycle:
+// nodes with their ResourceSlices, what pods request on them, which devices are allocated, and
+// what a device is worth in GPU units. The gang solver searches on it; the structured allocator
+// from k8s.io/dynamic-resource-allocation decides device feasibility on one node at a time.
+package snapshot
+
+import (
+	"context"
+	"fmt"
+	"sort"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/sets"
+	resourcehelper "k8s.io/component-helpers/resource"
+	"k8s.io/dynamic-resource-allocation/cel"
+	"k8s.io/dynamic-resource-allocation/structured"
+	"k8s.io/utils/ptr"
+)
+
+// DefaultGPUDriver is the DRA driver whose devices count as GPUs.
+const DefaultGPUDriver = "gpu.tessera.dev"
+
+// Config says how to interpret the cluster.
+type Config struct {
+	// Features the structured allocator uses. Must be every feature the cluster serves: a zero
+	// value silently turns off prioritized lists, partitionable devices, consumable capacity
+	// and device taints.
+	Features structured.Features
+	// GPUDrivers are the DRA drivers whose devices are counted in GPU units. Default:
+	// gpu.tessera.dev.
+	GPUDrivers []string
+	// CELCache compiles selectors once across cycles. Created when nil.
+	CELCache *cel.Cache
+}
+
+// Input is the raw state a snapshot is built from (informer listers, plus the scheduler's
+// assumed changes that the informers have not caught up with yet).
+type Input struct {
+	Nodes   []*v1.Node
+	Pods    []*v1.Pod
+	Slices  []*resourceapi.ResourceSlice
+	Claims  []*resourceapi.ResourceClaim
+	Classes []*resourceapi.DeviceClass
+}
+
+// NodeInfo is one node and what is in use on it.
+type NodeInfo struct {
+	Node *v1.Node
+	// Slices published for this node (spec.nodeName).
+	Slices []*resourceapi.ResourceSlice
+	// Requested is the sum of the requests of non-terminal pods bound or assumed on the node.
+	Requested v1.ResourceList
+	// Pods is how many non-terminal pods are on the node.
+	Pods int
+	// Allocated are the devices of the node's pools that claims hold.
+	Allocated structured.AllocatedState
+	// GPUTotal is the node's capacity in GPU units; GPUUsed what allocated claims hold of it.
+	GPUTotal, GPUUsed float64
+}
+
+// GPUFree is the node's free capacity in GPU units.
+func (n *NodeInfo) GPUFree() float64 { return n.GPUTotal - n.GPUUsed }
+
+// Name is the node's name.
+func (n *NodeInfo) Name() string { return n.Node.Name }
+
+type poolKey struct{ driver, pool string }
+
+type deviceInfo struct {
+	// units is what an exclusive allocation of the device costs in GPU units (0 for devices of
+	// drivers that are not GPU drivers).
+	units float64
+	// memory is the device's memory capacity, for fractions of shared devices.
+	memory *resource.Quantity
+	node   string
+}
+
+// Snapshot is immutable apart from Assume, which the solver's caller uses to carry a placed
+// gang into the next gang's search within the same cycle.
+type Snapshot struct {
+	cfg      Config
+	features structured.Features
+	celCache *cel.Cache
+	classes  *classLister
+
+	Nodes  []*NodeInfo
+	byName map[string]*NodeInfo
+
+	sharedSlices    []*resourceapi.ResourceSlice
+	sharedAllocated structured.AllocatedState
+
+	poolNode map[poolKey]string
+	devices  map[structured.DeviceID]*deviceInfo
+	claims   map[string]*resourceapi.ResourceClaim
+	gpuDrv   sets.Set[string]
+}
+
+// New builds a snapshot. It never fails: objects it cannot interpret are ignored the way the
+// allocator would ignore them.
+func New(in Input, cfg Config) *Snapshot {
+	if len(cfg.GPUDrivers) == 0 {
+		cfg.GPUDrivers = []string{DefaultGPUDriver}
+	}
+	if cfg.CELCache == nil {
+		cfg.CELCache = NewCELCache(cfg.Features)
+	}
+	s := &Snapshot{
+		cfg:             cfg,
+		features:        cfg.Features,
+		celCache:        cfg.CELCache,
+		classes:         newClassLister(in.Classes),
+		byName:          make(map[string]*NodeInfo, len(in.Nodes)),
+		sharedAllocated: newAllocatedState(),
+		poolNode:        make(map[poolKey]string),
+		devices:         make(map[structured.DeviceID]*deviceInfo),
+		claims:          make(map[string]*resourceapi.ResourceClaim, len(in.Claims)),
+		gpuDrv:          sets.New(cfg.GPUDrivers...),
+	}
+	nodes := append([]*v1.Node(nil), in.Nodes...)
+	sort.Slice(nodes, func(i, j int) bool { return nodes[i].Name < nodes[j].Name })
+	for _, node := range nodes {
+		ni := &NodeInfo{Node: node, Requested: v1.ResourceList{}, Allocated: newAllocatedState()}
+		s.Nodes = append(s.Nodes, ni)
+		s.byName[node.Name] = ni
+	}
+	for _, slice := range in.Slices {
+		nodeName := ptr.Deref(slice.Spec.NodeName, "")
+		if nodeName == "" {
+			// Network-attached devices: visible from every node that matches the slice's
+			// node selector; the allocator filters them per node.
+			s.sharedSlices = append(s.sharedSlices, slice)
+			continue
+		}
+		ni, ok := s.byName[nodeName]
+		if !ok {
+			continue
+		}
+		ni.Slices = append(ni.Slices, slice)
+		s.poolNode[poolKey{slice.Spec.Driver, slice.Spec.Pool.Name}] = nodeName
+	}
+	for _, ni := range s.Nodes {
+		s.indexDevices(ni.Name(), ni.Slices)
+		for _, slice := range ni.Slices {
+			if !s.gpuDrv.Has(slice.Spec.Driver) {
+				continue
+			}
+			for i := range slice.Spec.Devices {
+				if isWholeGPU(&slice.Spec.Devices[i]) {
+					ni.GPUTotal++
+				}
+			}
+		}
+	}
+	s.indexDevices("", s.sharedSlices)
+	for _, pod := range in.Pods {
+		if pod.Spec.NodeName == "" || isTerminal(pod) {
+			continue
+		}
+		if ni, ok := s.byName[pod.Spec.NodeName]; ok {
+			addList(ni.Requested, PodRequests(pod))
+			ni.Pods++
+		}
+	}
+	for _, claim := range in.Claims {
+		s.claims[claim.Namespace+"/"+claim.Name] = claim
+		if claim.Status.Allocation != nil {
+			s.addAllocation(claim.Status.Allocation.Devices.Results)
+		}
+	}
+	return s
+}
+
+// NewCELCache returns a CEL cache that compiles with the given allocator features.
+func NewCELCache(f structured.Features) *cel.Cache {
+	return cel.NewCache(64, cel.Features{
+		EnableConsumableCapacity: f.ConsumableCapacity,
+		EnableListTypeAttributes: f.ListTypeAttributes,
+	})
+}
+
+// Features returns the allocator features the snapshot uses.
+func (s *Snapshot) Features() structured.Features { return s.features }
+
+// Node returns the node of that name, or nil.
+func (s *Snapshot) Node(name string) *NodeInfo { return s.byName[name] }
+
+// Claim returns the claim namespace/name, or nil.
+func (s *Snapshot) Claim(namespace, name string) *resourceapi.ResourceClaim {
+	return s.claims[namespace+"/"+name]
+}
+
+func (s *Snapshot) indexDevices(node string, slices []*resourceapi.ResourceSlice) {
+	// Whole GPUs first, so that MIG devices without counters can find their parent's memory.
+	gpuMemory := map[string]*resource.Quantity{} // uuid -> memory
+	for _, slice := range slices {
+		for i := range slice.Spec.Devices {
+			d := &slice.Spec.Devices[i]
+			if isWholeGPU(d) {
+				if uuid := stringAttr(d, "uuid"); uuid != "" {
+					gpuMemory[uuid] = capacity(d, "memory")
+				}
+			}
+		}
+	}
+	for _, slice := range slices {
+		gpu := s.gpuDrv.Has(slice.Spec.Driver)
+		counters := map[string]map[string]resource.Quantity{}
+		for _, cs := range slice.Spec.SharedCounters {
+			m := map[string]resource.Quantity{}
+			for name, c := range cs.Counters {
+				m[name] = c.Value
+			}
+			counters[cs.Name] = m
+		}
+		for i := range slice.Spec.Devices {
+			d := &slice.Spec.Devices[i]
+			info := &deviceInfo{node: node, memory: capacity(d, "memory")}
+			if gpu {
+				info.units = deviceUnits(d, counters, gpuMemory)
+			}
+			s.devices[structured.MakeDeviceID(slice.Spec.Driver, slice.Spec.Pool.Name, d.Name)] = info
+		}
+	}
+}
+
+// deviceUnits is what an exclusive allocation of a GPU-driver device costs: a whole GPU is 1; a
+// MIG device its memory slices over the GPU's (from the partitionable-device counters it
+// consumes), or for a static MIG device without counters its memory over its parent's.
+func deviceUnits(d *resourceapi.Device, sets map[string]map[string]resource.Quantity, gpuMemory map[string]*resource.Quantity) float64 {
+	if isWholeGPU(d) {
+		return 1
+	}
+	best := 0.0
+	for _, cc := range d.ConsumesCounters {
+		total := sets[cc.CounterSet]
+		for name, c := range cc.Counters {
+			t, ok := total[name]
+			if !ok || t.IsZero() {
+				continue
+			}
+			ratio := c.Value.AsApproximateFloat64() / t.AsApproximateFloat64()
+			// Memory slices decide the share of a MIG device (DESIGN §6). Other counters are
+			// used only when no memory counter exists.
+			if isMemoryCounter(name) {
+				return ratio
+			}
+			best = max(best, ratio)
+		}
+	}
+	if best > 0 {
+		return best
+	}
+	if parent := stringAttr(d, "parentUUID"); parent != "" {
+		if pm, mem := gpuMemory[parent], capacity(d, "memory"); pm != nil && mem != nil && !pm.IsZero() {
+			return mem.AsApproximateFloat64() / pm.AsApproximateFloat64()
+		}
+	}
+	return 0
+}
+
+func isMemoryCounter(name string) bool {
+	for i := 0; i+6 <= len(name); i++ {
+		if name[i:i+6] == "memory" || name[i:i+6] == "Memory" {
+			return true
+		}
+	}
+	return false
+}
+
+// ResultUnits is the GPU units one device allocation result costs. A share of a device with
+// consumable capacity costs its memory over the device's memory.
+func (s *Snapshot) ResultUnits(r *resourceapi.DeviceRequestAllocationResult) float64 {
+	if ptr.Deref(r.AdminAccess, false) {
+		return 0
+	}
+	info, ok := s.devices[structured.MakeDeviceID(r.Driver, r.Pool, r.Device)]
+	if !ok {
+		return 0
+	}
+	if r.ShareID != nil {
+		if mem, ok := r.ConsumedCapacity["memory"]; ok && info.memory != nil && !info.memory.IsZero() {
+			whole := 1.0
+			if info.units > 0 {
+				whole = info.units
+			}
+			return whole * mem.AsApproximateFloat64() / info.memory.AsApproximateFloat64()
+		}
+		return 0
+	}
+	return info.units
+}
+
+// AllocationUnits sums ResultUnits over an allocation.
+func (s *Snapshot) AllocationUnits(a *resourceapi.AllocationResult) float64 {
+	if a == nil {
+		return 0
+	}
+	u := 0.0
+	for i := range a.Devices.Results {
+		u += s.ResultUnits(&a.Devices.Results[i])
+	}
+	return u
+}
+
+func (s *Snapshot) addAllocation(results []resourceapi.DeviceRequestAllocationResult) {
+	for i := range results {
+		r := &results[i]
+		if ptr.Deref(r.AdminAccess, false) {
+			// Admin access does not take the device (same rule as the kube-scheduler).
+			continue
+		}
+		state := &s.sharedAllocated
+		ni := s.byName[s.poolNode[poolKey{r.Driver, r.Pool}]]
+		if ni != nil {
+			state = &ni.Allocated
+			ni.GPUUsed += s.ResultUnits(r)
+		}
+		addResult(state, r, s.features.ConsumableCapacity)
+	}
+}
+
+func addResult(state *structured.AllocatedState, r *resourceapi.DeviceRequestAllocationResult, consumable bool) {
+	id := structured.MakeDeviceID(r.Driver, r.Pool, r.Device)
+	if consumable && r.ShareID != nil {
+		state.AllocatedSharedDeviceIDs.Insert(structured.MakeSharedDeviceID(id, r.ShareID))
+		if r.ConsumedCapacity != nil {
+			state.AggregatedCapacity.Insert(structured.NewDeviceConsumedCapacity(id, r.ConsumedCapacity))
+		}
+		return
+	}
+	state.AllocatedDevices.Insert(id)
+}
+
+// Assume records a placed pod and its new allocations in the snapshot, so that the next gang
+// of the same cycle sees them as taken.
+func (s *Snapshot) Assume(nodeName string, pod *v1.Pod, allocations []*resourceapi.AllocationResult) {
+	if ni := s.byName[nodeName]; ni != nil {
+		addList(ni.Requested, PodRequests(pod))
+		ni.Pods++
+	}
+	for _, a := range allocations {
+		if a != nil {
+			s.addAllocation(a.Devices.Results)
+		}
+	}
+}
+
+// AllocateOnNode runs the structured allocator for claims on one node, with the node's
+// allocated devices plus extra (devices chosen for other pods of the gang being placed) taken.
+// A nil result and nil error means "does not fit".
+func (s *Snapshot) AllocateOnNode(ctx context.Context, ni *NodeInfo, extra []resourceapi.AllocationResult, claims []*resourceapi.ResourceClaim) ([]resourceapi.AllocationResult, error) {
+	state := structured.AllocatedState{
+		AllocatedDevices:         ni.Allocated.AllocatedDevices.Clone(),
+		AllocatedSharedDeviceIDs: ni.Allocated.AllocatedSharedDeviceIDs.Clone(),
+		AggregatedCapacity:       ni.Allocated.AggregatedCapacity.Clone(),
+	}
+	if len(s.sharedSlices) > 0 {
+		state.AllocatedDevices = state.AllocatedDevices.Union(s.sharedAllocated.AllocatedDevices)
+		state.AllocatedSharedDeviceIDs = state.AllocatedSharedDeviceIDs.Union(s.sharedAllocated.AllocatedSharedDeviceIDs)
+		for id, c := range s.sharedAllocated.AggregatedCapacity {
+			state.AggregatedCapacity[id] = c.Clone()
+		}
+	}
+	for i := range extra {
+		for j := range extra[i].Devices.Results {
+			addResult(&state, &extra[i].Devices.Results[j], s.features.ConsumableCapacity)
+		}
+	}
+	slices := ni.Slices
+	if len(s.sharedSlices) > 0 {
+		slices = append(append([]*resourceapi.ResourceSlice(nil), ni.Slices...), s.sharedSlices...)
+	}
+	alloc, err := structured.NewAllocator(ctx, s.features, state, s.classes, slices, s.celCache)
+	if err != nil {
+		return nil, fmt.Errorf("create allocator: %w", err)
+	}
+	return alloc.Allocate(ctx, ni.Node, claims)
+}
+
+// PodRequests are the pod's resource requests (containers, init containers, overhead), as
+// the kube-scheduler computes them.
+func PodRequests(pod *v1.Pod) v1.ResourceList {
+	return resourcehelper.PodRequests(pod, resourcehelper.PodResourcesOptions{})
+}
+
+func isTerminal(pod *v1.Pod) bool {
+	return pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed
+}
+
+func newAllocatedState() structured.AllocatedState {
+	return structured.AllocatedState{
+		AllocatedDevices:         sets.New[structured.DeviceID](),
+		AllocatedSharedDeviceIDs: sets.New[structured.SharedDeviceID](),
+		AggregatedCapacity:       structured.NewConsumedCapacityCollection(),
+	}
+}
+
+func addList(dst, src v1.ResourceList) {
+	for name, q := range src {
+		cur := dst[name]
+		cur.Add(q)
+		dst[name] = cur
+	}
+}
+
+// isWholeGPU: a device whose "type" attribute is "gpu". Devices without a type attribute
+// are whole GPUs too when they are not MIG (no parentUUID), so that slices of other
+// GPU drivers count.
+func isWholeGPU(d *resourceapi.Device) bool {
+	switch stringAttr(d, "type") {
+	case "gpu":
+		return true
+	case "":
+		return stringAttr(d, "parentUUID") == "" && len(d.ConsumesCounters) == 0 && !ptr.Deref(d.AllowMultipleAllocations, false)
+	}
+	return false
+}
+
+func stringAttr(d *resourceapi.Device, name resourceapi.QualifiedName) string {
+	if a, ok := d.Attributes[name]; ok && a.StringValue != nil {
+		return *a.StringValue
+	}
+	return ""
+}
+
+func capacity(d *resourceapi.Device, name resourceapi.QualifiedName) *resource.Quantity {
+	if c, ok := d.Capacity[name]; ok {
+		q := c.Value
+		return &q
+	}
+	return nil
+}
+
+type classLister struct {
+	byName map[string]*resourceapi.DeviceClass
+	list   []*resourceapi.DeviceClass
+}
+
+func newClassLister(classes []*resourceapi.DeviceClass) *classLister {
+	l := &classLister{byName: make(map[string]*resourceapi.DeviceClass, len(classes)), list: classes}
+	for _, c := range classes {
+		l.byName[c.Name] = c
+	}
+	return l
+}
+
+func (l *classLister) List() ([]*resourceapi.DeviceClass, error) { return l.list, nil }
+
+func (l *classLister) Get(name string) (*resourceapi.DeviceClass, error) {
+	if c, ok := l.byName[name]; ok {
+		return c, nil
+	}
+	return nil, fmt.Errorf("device class %q not found", name)
+}
