@@ -1,0 +1,53 @@
+# tessera build entry points. `make demo` and `make test` are the two commands
+# the README promises work on a fresh machine.
+
+GO        ?= go
+BIN       ?= bin
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -X github.com/tessera-gpu/tessera/cmd/internal/version.gitVersion=$(VERSION)
+# Packages whose tests are the slow end-to-end suites; `test-unit` skips them.
+E2E_PKGS  := ./test/e2e/...
+STATICCHECK_VERSION ?= v0.8.2
+
+.PHONY: all build k8s-bin test test-unit test-e2e bench lint fmt generate demo clean
+
+all: build
+
+build:
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/tessera ./cmd/tessera-node ./cmd/tessera-scheduler
+
+# Real control-plane binaries (etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler) from the Go module proxy; cached in bin/k8s.
+k8s-bin:
+	hack/build-k8s.sh
+
+# All tests: unit tests with the race detector, then the end-to-end suites.
+test: k8s-bin
+	$(MAKE) test-unit
+	$(MAKE) test-e2e
+
+test-unit: k8s-bin
+	$(GO) test -race -count=1 -timeout 30m $$($(GO) list ./... | grep -v /test/e2e)
+
+test-e2e: k8s-bin
+	$(GO) test -count=1 -timeout 30m $(E2E_PKGS)
+
+bench: k8s-bin
+	$(GO) test -run '^$$' -bench . -benchmem $$($(GO) list ./... | grep -v /test/e2e)
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+generate:
+	$(GO) generate ./...
+
+demo: k8s-bin build
+	$(BIN)/tessera sandbox up $(DEMO_ARGS)
+
+clean:
+	rm -rf $(BIN)/tessera $(BIN)/tessera-node $(BIN)/tessera-scheduler
