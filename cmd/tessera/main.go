@@ -25,5 +25,6 @@ func newRootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	cmd.AddCommand(newSandboxCommand())
 	return cmd
 }
