@@ -54,10 +54,6 @@ const (
 type Data struct {
 	// Claims by UID.
 	Claims map[types.UID]*Claim `json:"claims,omitempty"`
-	// MPSDaemons lists the devices (by UUID) for which an MPS control daemon
-	// may be running. An entry is written before the daemon is started and
-	// removed after it was stopped.
-	MPSDaemons map[string]MPSDaemon `json:"mpsDaemons,omitempty"`
 }
 
 // Claim is one prepared (or being prepared) ResourceClaim.
@@ -119,7 +115,9 @@ type Sharing struct {
 	TimeSliceInterval int `json:"timeSliceInterval,omitempty"`
 }
 
-// MPSDaemon records one MPS control daemon.
+// MPSDaemon is where one MPS control daemon keeps its pipes and logs. The
+// daemons themselves are found through their control pipes, not through the
+// checkpoint, so a daemon started just before a crash is never lost.
 type MPSDaemon struct {
 	PipeDir string `json:"pipeDir"`
 	LogDir  string `json:"logDir"`
@@ -143,7 +141,7 @@ var ErrCorrupt = errors.New("checkpoint is corrupt")
 
 // NewData returns empty state.
 func NewData() Data {
-	return Data{Claims: map[types.UID]*Claim{}, MPSDaemons: map[string]MPSDaemon{}}
+	return Data{Claims: map[types.UID]*Claim{}}
 }
 
 // Read loads the checkpoint at path. A missing file returns (nil, nil). A
@@ -180,9 +178,6 @@ func Decode(raw []byte) (*Checkpoint, error) {
 	}
 	if cp.Data.Claims == nil {
 		cp.Data.Claims = map[types.UID]*Claim{}
-	}
-	if cp.Data.MPSDaemons == nil {
-		cp.Data.MPSDaemons = map[string]MPSDaemon{}
 	}
 	return cp, nil
 }

@@ -23,7 +23,6 @@ func sample() *Data {
 		Requests: []string{"share"}, Pool: "node", Device: "gpu-1", ShareID: &share, Kind: KindShared, GPUUUID: "GPU-b", GPUMinor: 1,
 		Sharing: &Sharing{Strategy: "MPS", ActiveThreadPercentage: 25, PinnedMemoryLimitBytes: 10 << 30, MPSDevice: "GPU-b"},
 	}}}
-	d.MPSDaemons["GPU-b"] = MPSDaemon{PipeDir: "/p", LogDir: "/l"}
 	return &d
 }
 

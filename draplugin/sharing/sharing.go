@@ -41,21 +41,26 @@ type Controller struct {
 	MPSRoot string
 }
 
-// StartMPS starts the control daemon for the device with the given UUID
-// (a GPU-… or MIG-… UUID) and returns where it lives. The daemon runs with
-// -d (it daemonizes), so it outlives the plugin process: a restarted
-// plugin finds it through the checkpoint.
-func (c *Controller) StartMPS(ctx context.Context, uuid string) (checkpoint.MPSDaemon, error) {
-	d := checkpoint.MPSDaemon{
+// Daemon returns where the daemon for the device lives.
+func (c *Controller) Daemon(uuid string) checkpoint.MPSDaemon {
+	return checkpoint.MPSDaemon{
 		PipeDir: filepath.Join(c.MPSRoot, uuid, "pipe"),
 		LogDir:  filepath.Join(c.MPSRoot, uuid, "log"),
 	}
+}
+
+// StartMPS starts the control daemon for the device with the given UUID
+// (a GPU-… or MIG-… UUID) unless it runs already. The daemon runs with -d
+// (it daemonizes), so it outlives the plugin process: a restarted plugin
+// finds it through its control pipe under MPSRoot.
+func (c *Controller) StartMPS(ctx context.Context, uuid string) (checkpoint.MPSDaemon, error) {
+	d := c.Daemon(uuid)
 	for _, dir := range []string{d.PipeDir, d.LogDir} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return d, fmt.Errorf("create MPS directory for %s: %w", uuid, err)
 		}
 	}
-	if c.Running(d) {
+	if c.Running(uuid) {
 		klog.FromContext(ctx).V(2).Info("MPS control daemon already running", "device", uuid)
 		return d, nil
 	}
@@ -76,18 +81,37 @@ func (c *Controller) StartMPS(ctx context.Context, uuid string) (checkpoint.MPSD
 }
 
 // Running reports whether the daemon's control pipe exists.
-func (c *Controller) Running(d checkpoint.MPSDaemon) bool {
-	_, err := os.Stat(filepath.Join(d.PipeDir, controlPipe))
+func (c *Controller) Running(uuid string) bool {
+	_, err := os.Stat(filepath.Join(c.Daemon(uuid).PipeDir, controlPipe))
 	return err == nil
+}
+
+// Daemons lists the devices whose daemon is running.
+func (c *Controller) Daemons() ([]string, error) {
+	entries, err := os.ReadDir(c.MPSRoot)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list MPS daemons: %w", err)
+	}
+	var out []string
+	for _, e := range entries {
+		if e.IsDir() && c.Running(e.Name()) {
+			out = append(out, e.Name())
+		}
+	}
+	return out, nil
 }
 
 // StopMPS asks the daemon to quit. A daemon that is not running is not an
 // error: stopping is idempotent.
-func (c *Controller) StopMPS(ctx context.Context, uuid string, d checkpoint.MPSDaemon) error {
-	if _, err := os.Stat(filepath.Join(d.PipeDir, controlPipe)); errors.Is(err, fs.ErrNotExist) {
+func (c *Controller) StopMPS(ctx context.Context, uuid string) error {
+	if !c.Running(uuid) {
 		klog.FromContext(ctx).V(2).Info("MPS control daemon not running", "device", uuid)
 		return nil
 	}
+	d := c.Daemon(uuid)
 	_, err := c.Exec.Run(ctx, executor.Command{
 		Name: MPSControl,
 		Env: []string{

@@ -26,19 +26,25 @@ func TestMPSLifecycle(t *testing.T) {
 	if d.PipeDir != pipe || d.LogDir != log {
 		t.Errorf("daemon = %+v", d)
 	}
-	if !c.Running(d) {
+	if !c.Running("GPU-1") {
 		t.Error("daemon not running after start")
 	}
 	// A second start finds the running daemon and runs nothing.
 	if _, err := c.StartMPS(ctx, "GPU-1"); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.StopMPS(ctx, "GPU-1", d); err != nil {
+	if got, err := c.Daemons(); err != nil || !reflect.DeepEqual(got, []string{"GPU-1"}) {
+		t.Errorf("Daemons = %v, %v", got, err)
+	}
+	if err := c.StopMPS(ctx, "GPU-1"); err != nil {
 		t.Fatal(err)
 	}
 	// Stopping a stopped daemon runs nothing and succeeds.
-	if err := c.StopMPS(ctx, "GPU-1", d); err != nil {
+	if err := c.StopMPS(ctx, "GPU-1"); err != nil {
 		t.Fatal(err)
+	}
+	if got, err := c.Daemons(); err != nil || len(got) != 0 {
+		t.Errorf("Daemons after stop = %v, %v", got, err)
 	}
 	want := []string{
 		"nvidia-cuda-mps-control -d | visible=GPU-1 pipe=" + pipe + " log=" + log + " | stdin=",
