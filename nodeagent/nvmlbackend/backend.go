@@ -1,0 +1,117 @@
+// Package nvmlbackend opens the NVML implementation that the node agent, the
+// DRA plugin and the device plugin share: the real libnvidia-ml, or one of
+// go-nvml's mock DGX servers with the gaps filled that tessera relies on
+// (MIG create/destroy with overlap checks, MIG device handles for go-nvlib,
+// PCI bus IDs and an event set that tests can inject XID/ECC events into).
+package nvmlbackend
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
+)
+
+// Real is the backend spec that loads the real NVIDIA library.
+const Real = "nvml"
+
+// MockPrefix starts every mock backend spec ("mock:dgxh100?gpus=4").
+const MockPrefix = "mock:"
+
+// mockMachines maps a mock machine name to its GPU model and driver versions.
+var mockMachines = map[string]struct {
+	gpu     gpus.Config
+	driver  string
+	nvmlVer string
+	cuda    int
+}{
+	"dgxa100": {gpus.A100_SXM4_40GB, "550.54.15", "12.550.54.15", 12040},
+	"dgxh100": {gpus.H100_SXM5_80GB, "550.54.15", "12.550.54.15", 12040},
+	"dgxh200": {gpus.H200_SXM5_141GB, "550.54.15", "12.550.54.15", 12040},
+	"dgxb200": {gpus.B200_SXM5_180GB, "560.35.03", "12.560.35.03", 12060},
+}
+
+// MockMachines lists the machine names a mock spec accepts.
+func MockMachines() []string { return []string{"dgxa100", "dgxh100", "dgxh200", "dgxb200"} }
+
+// Spec is a parsed backend selector.
+type Spec struct {
+	// Mock is empty for the real library, else the machine name (dgxh100, ...).
+	Mock string
+	// GPUs is the number of GPUs of a mock machine (default 8).
+	GPUs int
+	// LibraryPath optionally overrides libnvidia-ml.so.1 for the real backend
+	// ("nvml:/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1").
+	LibraryPath string
+}
+
+// ParseSpec parses "nvml", "nvml:<library path>", "mock:<machine>" or
+// "mock:<machine>?gpus=N".
+func ParseSpec(spec string) (Spec, error) {
+	switch {
+	case spec == Real:
+		return Spec{}, nil
+	case strings.HasPrefix(spec, Real+":"):
+		return Spec{LibraryPath: strings.TrimPrefix(spec, Real+":")}, nil
+	case strings.HasPrefix(spec, MockPrefix):
+		rest := strings.TrimPrefix(spec, MockPrefix)
+		machine, query, _ := strings.Cut(rest, "?")
+		if _, ok := mockMachines[machine]; !ok {
+			return Spec{}, fmt.Errorf("backend %q: unknown mock machine %q (want one of %s)", spec, machine, strings.Join(MockMachines(), ", "))
+		}
+		s := Spec{Mock: machine, GPUs: 8}
+		values, err := url.ParseQuery(query)
+		if err != nil {
+			return Spec{}, fmt.Errorf("backend %q: bad options: %w", spec, err)
+		}
+		for key, v := range values {
+			switch key {
+			case "gpus":
+				n, err := strconv.Atoi(v[len(v)-1])
+				if err != nil || n < 1 || n > 64 {
+					return Spec{}, fmt.Errorf("backend %q: gpus must be a number from 1 to 64, got %q", spec, v[len(v)-1])
+				}
+				s.GPUs = n
+			default:
+				return Spec{}, fmt.Errorf("backend %q: unknown option %q (known: gpus)", spec, key)
+			}
+		}
+		return s, nil
+	default:
+		return Spec{}, fmt.Errorf("backend %q: want %q, %q or %q<machine>[?gpus=N] with machine one of %s", spec, Real, Real+":<library path>", MockPrefix, strings.Join(MockMachines(), ", "))
+	}
+}
+
+// ErrLibraryNotFound is returned (wrapped) when the real backend cannot load
+// libnvidia-ml, e.g. on a machine without the NVIDIA driver.
+var ErrLibraryNotFound = errors.New("NVIDIA management library (libnvidia-ml.so.1) not found: is the NVIDIA driver installed on this node?")
+
+// Open returns an initialised NVML interface for the spec. The caller owns it
+// and calls Shutdown when done. A mock spec returns a *Mock.
+func Open(spec string) (nvml.Interface, error) {
+	s, err := ParseSpec(spec)
+	if err != nil {
+		return nil, err
+	}
+	if s.Mock != "" {
+		return NewMock(s.Mock, s.GPUs)
+	}
+	var opts []nvml.LibraryOption
+	if s.LibraryPath != "" {
+		opts = append(opts, nvml.WithLibraryPath(s.LibraryPath))
+	}
+	lib := nvml.New(opts...)
+	// Init loads the library with dlopen; a missing library is reported as a
+	// return code, never a panic, so that the binary can exit with one line.
+	if ret := lib.Init(); ret != nvml.SUCCESS {
+		if ret == nvml.ERROR_LIBRARY_NOT_FOUND {
+			return nil, fmt.Errorf("backend %q: %w", spec, ErrLibraryNotFound)
+		}
+		return nil, fmt.Errorf("backend %q: initialise NVML: %v", spec, ret)
+	}
+	return lib, nil
+}

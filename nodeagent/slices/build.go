@@ -1,0 +1,413 @@
+// Package slices turns a node's discovered GPUs and its partition plan into
+// the ResourceSlices of one pool, within the API's limits, with health taints.
+package slices
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/utils/ptr"
+
+	"github.com/tessera-gpu/tessera/nodeagent/devicename"
+	"github.com/tessera-gpu/tessera/nodeagent/discovery"
+	"github.com/tessera-gpu/tessera/nodeagent/health"
+	"github.com/tessera-gpu/tessera/nodeagent/partition"
+)
+
+const (
+	// DriverName is tessera's DRA driver name.
+	DriverName = "gpu.tessera.dev"
+	// TaintKeyXID taints the devices of a GPU with a critical XID or ECC error.
+	TaintKeyXID = DriverName + "/xid"
+	// TaintKeyLost taints the devices of a GPU that is gone.
+	TaintKeyLost = DriverName + "/gpu-lost"
+
+	// Device type attribute values ("type").
+	TypeGPU    = "gpu"
+	TypeMIG    = "mig"
+	TypeShared = "shared"
+
+	// CapacityCompute is the compute share (percent) of a shared GPU.
+	CapacityCompute = "compute"
+)
+
+// Features are the DRA features the cluster serves.
+type Features struct {
+	// PartitionableDevices (shared counters) are needed for dynamic MIG.
+	PartitionableDevices bool
+	// ConsumableCapacity is needed for shared GPUs.
+	ConsumableCapacity bool
+	// DeviceTaints are needed to publish health.
+	DeviceTaints bool
+}
+
+// AllFeatures is what a current cluster serves.
+var AllFeatures = Features{PartitionableDevices: true, ConsumableCapacity: true, DeviceTaints: true}
+
+// Input is what a pool is built from.
+type Input struct {
+	Node     *discovery.Node
+	Plan     *partition.Plan
+	Features Features
+	// Unhealthy lists the current unhealthy conditions (health.Broadcaster.Unhealthy).
+	Unhealthy []health.Event
+}
+
+// Counts are the published devices by type.
+type Counts struct {
+	Whole, MIG, Shared int
+}
+
+// Result is a built pool.
+type Result struct {
+	Pool   resourceslice.Pool
+	Counts Counts
+	// Degraded explains every GPU offered with less than its plan asks for,
+	// because the cluster lacks a feature.
+	Degraded []string
+}
+
+// limits of the ResourceSlice API (k8s.io/api/resource/v1).
+const (
+	maxDevices         = resourceapi.ResourceSliceMaxDevices
+	maxDevicesAdvanced = resourceapi.ResourceSliceMaxDevicesWithAdvancedFeatures
+	maxCounterSets     = resourceapi.ResourceSliceMaxCounterSets
+)
+
+// group is the devices of one GPU, kept together in one slice where possible.
+type group struct {
+	devices  []resourceapi.Device
+	advanced bool // uses counters or taints
+}
+
+// Build builds the pool of a node.
+func Build(in Input) Result {
+	var res Result
+	var groups []group
+	var counterSets []resourceapi.CounterSet
+	taints := taintsByGPU(in.Unhealthy, in.Features.DeviceTaints)
+	for i := range in.Node.GPUs {
+		g := &in.Node.GPUs[i]
+		gp := planFor(in.Plan, g)
+		mode := gp.Mode
+		switch {
+		case mode == partition.ModeDynamicMIG && !in.Features.PartitionableDevices:
+			res.Degraded = append(res.Degraded, fmt.Sprintf("GPU %d (%s) is offered whole instead of dynamic MIG: the cluster does not serve partitionable devices (DRAPartitionableDevices)", g.Index, g.UUID))
+			mode = partition.ModeWhole
+		case mode == partition.ModeShared && !in.Features.ConsumableCapacity:
+			res.Degraded = append(res.Degraded, fmt.Sprintf("GPU %d (%s) is offered whole instead of shared: the cluster does not serve consumable capacity (DRAConsumableCapacity)", g.Index, g.UUID))
+			mode = partition.ModeWhole
+		}
+		var devs []resourceapi.Device
+		switch mode {
+		case partition.ModeWhole:
+			devs = append(devs, wholeDevice(in.Node, g))
+			res.Counts.Whole++
+		case partition.ModeDynamicMIG:
+			cs, whole, migs := dynamicMIG(in.Node, g, gp.Profiles)
+			counterSets = append(counterSets, cs)
+			devs = append(devs, whole)
+			devs = append(devs, migs...)
+			res.Counts.Whole++
+			res.Counts.MIG += len(migs)
+		case partition.ModeStaticMIG:
+			for _, inst := range g.MigInstances {
+				p, ok := g.Profile(inst.Profile)
+				if !ok {
+					p = profileByID(g, inst.GIProfileID)
+				}
+				if p == nil {
+					continue
+				}
+				d := migDevice(in.Node, g, *p, inst.Placement, inst.Profile)
+				if inst.UUID != "" {
+					d.Attributes["uuid"] = str(inst.UUID)
+				}
+				devs = append(devs, d)
+				res.Counts.MIG++
+			}
+		case partition.ModeShared:
+			devs = append(devs, sharedDevice(in.Node, g, gp.Shared))
+			res.Counts.Shared++
+		}
+		t := taints[g.UUID]
+		if len(t) > 0 {
+			for j := range devs {
+				devs[j].Taints = append([]resourceapi.DeviceTaint(nil), t...)
+			}
+		}
+		if len(devs) > 0 {
+			groups = append(groups, group{devices: devs, advanced: len(t) > 0 || mode == partition.ModeDynamicMIG})
+		}
+	}
+
+	var slices []resourceslice.Slice
+	for len(counterSets) > 0 {
+		n := min(len(counterSets), maxCounterSets)
+		slices = append(slices, resourceslice.Slice{SharedCounters: counterSets[:n]})
+		counterSets = counterSets[n:]
+	}
+	slices = append(slices, pack(groups)...)
+	if len(slices) == 0 {
+		// An empty pool says "the driver runs and has no devices", which
+		// differs from no pool at all.
+		slices = append(slices, resourceslice.Slice{})
+	}
+	res.Pool = resourceslice.Pool{Slices: slices}
+	return res
+}
+
+// pack puts groups into slices of at most 128 devices, or 64 where a device
+// uses counters or taints, splitting a group only when it alone is too big.
+func pack(groups []group) []resourceslice.Slice {
+	var out []resourceslice.Slice
+	var cur []resourceapi.Device
+	curAdvanced := false
+	flush := func() {
+		if len(cur) > 0 {
+			out = append(out, resourceslice.Slice{Devices: cur})
+		}
+		cur, curAdvanced = nil, false
+	}
+	for _, g := range groups {
+		limit := maxDevices
+		if curAdvanced || g.advanced {
+			limit = maxDevicesAdvanced
+		}
+		if len(cur)+len(g.devices) > limit {
+			flush()
+		}
+		devs := g.devices
+		groupLimit := maxDevices
+		if g.advanced {
+			groupLimit = maxDevicesAdvanced
+		}
+		for len(devs) > groupLimit {
+			out = append(out, resourceslice.Slice{Devices: devs[:groupLimit]})
+			devs = devs[groupLimit:]
+		}
+		cur = append(cur, devs...)
+		curAdvanced = curAdvanced || g.advanced
+	}
+	flush()
+	return out
+}
+
+func planFor(plan *partition.Plan, g *discovery.GPU) partition.GPUPlan {
+	if plan != nil {
+		for _, gp := range plan.GPUs {
+			if gp.UUID == g.UUID {
+				return gp
+			}
+		}
+	}
+	return partition.GPUPlan{Index: g.Index, UUID: g.UUID, Mode: partition.ModeWhole}
+}
+
+func profileByID(g *discovery.GPU, id int) *discovery.MigProfile {
+	for i := range g.MigProfiles {
+		if g.MigProfiles[i].GIProfileID == id {
+			return &g.MigProfiles[i]
+		}
+	}
+	return nil
+}
+
+func taintsByGPU(events []health.Event, enabled bool) map[string][]resourceapi.DeviceTaint {
+	out := map[string][]resourceapi.DeviceTaint{}
+	if !enabled {
+		return out
+	}
+	sorted := append([]health.Event(nil), events...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Kind < sorted[j].Kind })
+	for _, ev := range sorted {
+		if ev.Healthy {
+			continue
+		}
+		t := resourceapi.DeviceTaint{Key: TaintKeyXID, Effect: resourceapi.DeviceTaintEffectNoSchedule}
+		switch ev.Kind {
+		case health.KindLost:
+			t = resourceapi.DeviceTaint{Key: TaintKeyLost, Effect: resourceapi.DeviceTaintEffectNoExecute}
+		case health.KindECC:
+			t.Value = "ecc"
+		default:
+			t.Value = strconv.FormatUint(ev.XID, 10)
+		}
+		if !ev.Time.IsZero() {
+			t.TimeAdded = ptr.To(metav1.NewTime(ev.Time.Truncate(1e9)))
+		}
+		out[ev.UUID] = append(out[ev.UUID], t)
+	}
+	return out
+}
+
+func str(s string) resourceapi.DeviceAttribute {
+	return resourceapi.DeviceAttribute{StringValue: ptr.To(s)}
+}
+func version(s string) resourceapi.DeviceAttribute {
+	return resourceapi.DeviceAttribute{VersionValue: ptr.To(s)}
+}
+func integer(i int) resourceapi.DeviceAttribute {
+	return resourceapi.DeviceAttribute{IntValue: ptr.To(int64(i))}
+}
+func quantity(v int64) resourceapi.DeviceCapacity {
+	return resourceapi.DeviceCapacity{Value: *resource.NewQuantity(v, resource.BinarySI)}
+}
+
+// gpuAttributes are the attributes every device of a GPU carries, named as
+// NVIDIA's own DRA driver names them so that its CEL selectors work.
+func gpuAttributes(n *discovery.Node, g *discovery.GPU, typ string) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
+	a := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+		"type":                  str(typ),
+		"productName":           str(g.ProductName),
+		"brand":                 str(g.Brand),
+		"architecture":          str(g.Architecture),
+		"cudaComputeCapability": version(g.CUDAComputeCapability),
+		"driverVersion":         version(n.DriverVersion),
+		"cudaDriverVersion":     version(n.CUDADriverVersion),
+		"index":                 integer(g.Index),
+		"minor":                 integer(g.Minor),
+	}
+	if g.PCIBusID != "" {
+		a["resource.kubernetes.io/pciBusID"] = str(g.PCIBusID)
+	}
+	return a
+}
+
+func wholeDevice(n *discovery.Node, g *discovery.GPU) resourceapi.Device {
+	d := resourceapi.Device{
+		Name:       devicename.GPU(g.Minor),
+		Attributes: gpuAttributes(n, g, TypeGPU),
+		Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+			"memory": quantity(int64(g.MemoryBytes)),
+		},
+	}
+	d.Attributes["uuid"] = str(g.UUID)
+	if g.Multiprocessors > 0 {
+		d.Capacity["multiprocessors"] = quantity(int64(g.Multiprocessors))
+	}
+	return d
+}
+
+func sharedDevice(n *discovery.Node, g *discovery.GPU, sp partition.SharedPlan) resourceapi.Device {
+	d := resourceapi.Device{
+		Name:                     devicename.Shared(g.Minor),
+		Attributes:               gpuAttributes(n, g, TypeShared),
+		AllowMultipleAllocations: ptr.To(true),
+		Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+			// Every capacity of a device that allows multiple allocations
+			// is consumable, so only memory and the compute share are
+			// capacities here; multiprocessors is an attribute.
+			"memory": {
+				Value: *resource.NewQuantity(sp.Memory, resource.BinarySI),
+				RequestPolicy: &resourceapi.CapacityRequestPolicy{
+					Default: resource.NewQuantity(sp.DefaultMemory, resource.BinarySI),
+					ValidRange: &resourceapi.CapacityRequestPolicyRange{
+						Min:  resource.NewQuantity(sp.MemoryStep, resource.BinarySI),
+						Step: resource.NewQuantity(sp.MemoryStep, resource.BinarySI),
+					},
+				},
+			},
+			CapacityCompute: {
+				Value: *resource.NewQuantity(100, resource.DecimalSI),
+				RequestPolicy: &resourceapi.CapacityRequestPolicy{
+					Default: resource.NewQuantity(sp.DefaultComputeShare, resource.DecimalSI),
+					ValidRange: &resourceapi.CapacityRequestPolicyRange{
+						Min:  resource.NewQuantity(0, resource.DecimalSI),
+						Max:  resource.NewQuantity(100, resource.DecimalSI),
+						Step: resource.NewQuantity(1, resource.DecimalSI),
+					},
+				},
+			},
+		},
+	}
+	d.Attributes["uuid"] = str(g.UUID)
+	if g.Multiprocessors > 0 {
+		d.Attributes["multiprocessors"] = integer(g.Multiprocessors)
+	}
+	return d
+}
+
+// CounterSetName is the counter set of a dynamic-MIG GPU.
+func CounterSetName(minor int) string { return devicename.GPU(minor) + "-counters" }
+
+// MemorySliceCounter is the counter of one MIG memory slice. Every slice is a
+// counter of one, so that devices whose placements overlap can never be
+// allocated together, while devices on disjoint slices can.
+func MemorySliceCounter(i int) string { return "memory-slice-" + strconv.Itoa(i) }
+
+// ProfileCounter limits the number of instances of a profile that NVML
+// allows at once (InstanceCount), where the placements alone do not.
+func ProfileCounter(giProfileID int) string {
+	return "profile-" + strconv.Itoa(giProfileID) + "-instances"
+}
+
+func one() resourceapi.Counter {
+	return resourceapi.Counter{Value: *resource.NewQuantity(1, resource.DecimalSI)}
+}
+
+// dynamicMIG returns the counter set of a GPU, its whole device consuming
+// every counter, and a device for every (profile, placement).
+func dynamicMIG(n *discovery.Node, g *discovery.GPU, profiles []discovery.MigProfile) (resourceapi.CounterSet, resourceapi.Device, []resourceapi.Device) {
+	cs := resourceapi.CounterSet{Name: CounterSetName(g.Minor), Counters: map[string]resourceapi.Counter{}}
+	for i := 0; i < g.MemorySlices; i++ {
+		cs.Counters[MemorySliceCounter(i)] = one()
+	}
+	for _, p := range profiles {
+		if p.MaxInstances > 0 && p.MaxInstances < len(p.Placements) {
+			cs.Counters[ProfileCounter(p.GIProfileID)] = resourceapi.Counter{Value: *resource.NewQuantity(int64(p.MaxInstances), resource.DecimalSI)}
+		}
+	}
+	whole := wholeDevice(n, g)
+	// The whole GPU needs every memory slice; it does not consume the
+	// per-profile instance counters, which only limit MIG devices.
+	wholeUse := map[string]resourceapi.Counter{}
+	for i := 0; i < g.MemorySlices; i++ {
+		wholeUse[MemorySliceCounter(i)] = one()
+	}
+	whole.ConsumesCounters = []resourceapi.DeviceCounterConsumption{{CounterSet: cs.Name, Counters: wholeUse}}
+
+	var migs []resourceapi.Device
+	for _, p := range profiles {
+		for _, pl := range p.Placements {
+			d := migDevice(n, g, p, pl, p.Name)
+			use := map[string]resourceapi.Counter{}
+			for s := pl.Start; s < pl.Start+pl.Size; s++ {
+				use[MemorySliceCounter(s)] = one()
+			}
+			if _, limited := cs.Counters[ProfileCounter(p.GIProfileID)]; limited {
+				use[ProfileCounter(p.GIProfileID)] = one()
+			}
+			d.ConsumesCounters = []resourceapi.DeviceCounterConsumption{{CounterSet: cs.Name, Counters: use}}
+			migs = append(migs, d)
+		}
+	}
+	return cs, whole, migs
+}
+
+func migDevice(n *discovery.Node, g *discovery.GPU, p discovery.MigProfile, pl discovery.Placement, profileName string) resourceapi.Device {
+	a := gpuAttributes(n, g, TypeMIG)
+	a["parentUUID"] = str(g.UUID)
+	a["profile"] = str(profileName)
+	a["placementStart"] = integer(pl.Start)
+	a["placementSize"] = integer(pl.Size)
+	d := resourceapi.Device{
+		Name:       devicename.MIG(g.Minor, profileName, pl.Start),
+		Attributes: a,
+		Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+			"memory":          quantity(int64(p.MemoryBytes)),
+			"multiprocessors": quantity(int64(p.Multiprocessors)),
+			"copyEngines":     quantity(int64(p.CopyEngines)),
+			"decoders":        quantity(int64(p.Decoders)),
+			"encoders":        quantity(int64(p.Encoders)),
+			"jpegEngines":     quantity(int64(p.JpegEngines)),
+			"ofaEngines":      quantity(int64(p.OfaEngines)),
+		},
+	}
+	return d
+}
