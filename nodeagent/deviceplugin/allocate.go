@@ -13,6 +13,8 @@ import (
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
+
+	tesseracdi "github.com/tessera-gpu/tessera/draplugin/cdi"
 )
 
 const (
@@ -22,10 +24,6 @@ const (
 	// cdiAnnotationPlugin prefixes the CDI annotation key (cdi.k8s.io/<it>_<id>).
 	cdiAnnotationPlugin = "tessera-device-plugin"
 )
-
-// controlDevices are the device nodes every CUDA container needs besides
-// its GPUs' /dev/nvidia<minor>.
-var controlDevices = []string{"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}
 
 // Allocate tells the kubelet how to give each container its devices, in the
 // forms the config's deviceListStrategy names. Replicas of one GPU collapse
@@ -74,8 +72,12 @@ func (p *Plugin) allocate(r *resource, deviceIDs []string) (*pluginapi.Container
 	for _, strategy := range p.cfg.DeviceListStrategy {
 		switch strategy {
 		case DeviceListEnvVar:
+			specs, err := p.deviceSpecs(units)
+			if err != nil {
+				return nil, err
+			}
 			resp.Envs = map[string]string{visibleDevicesEnv: strings.Join(unitIDs, ",")}
-			resp.Devices = deviceSpecs(units)
+			resp.Devices = specs
 		case DeviceListCDIAnnotations:
 			ann, err := cdi.UpdateAnnotations(nil, cdiAnnotationPlugin, annotationID(deviceIDs), p.cdiNames(unitIDs))
 			if err != nil {
@@ -110,24 +112,33 @@ func annotationID(deviceIDs []string) string {
 	return hex.EncodeToString(sum[:8])
 }
 
-// deviceSpecs lists the device nodes of the units' GPUs plus the control
-// nodes. A MIG device is reached through its parent's node; its capability
-// nodes under /dev/nvidia-caps are the runtime hook's job, from
-// NVIDIA_VISIBLE_DEVICES.
-func deviceSpecs(units []*unit) []*pluginapi.DeviceSpec {
+// deviceSpecs lists the control nodes, the device nodes of the units'
+// GPUs and, for MIG devices, the capability nodes of their GPU and compute
+// instances, which is what a container runtime without the NVIDIA hook
+// needs to reach the devices.
+func (p *Plugin) deviceSpecs(units []*unit) ([]*pluginapi.DeviceSpec, error) {
 	var specs []*pluginapi.DeviceSpec
+	seen := map[string]bool{}
 	add := func(path string) {
-		specs = append(specs, &pluginapi.DeviceSpec{ContainerPath: path, HostPath: path, Permissions: "rw"})
-	}
-	for _, path := range controlDevices {
-		add(path)
-	}
-	seen := map[int]bool{}
-	for _, u := range units {
-		if !seen[u.gpu.Minor] {
-			seen[u.gpu.Minor] = true
-			add(fmt.Sprintf("/dev/nvidia%d", u.gpu.Minor))
+		if !seen[path] {
+			seen[path] = true
+			specs = append(specs, &pluginapi.DeviceSpec{ContainerPath: path, HostPath: path, Permissions: "rw"})
 		}
 	}
-	return specs
+	for _, path := range tesseracdi.DefaultControlNodes {
+		add(path)
+	}
+	for _, u := range units {
+		add(tesseracdi.GPUNode(u.gpu.Minor))
+		if u.mig != nil {
+			caps, err := p.migCaps.Nodes(u.gpu.Minor, uint32(u.mig.GIID), uint32(u.mig.CIID))
+			if err != nil {
+				return nil, fmt.Errorf("capability device nodes of MIG device %s: %w", u.id, err)
+			}
+			for _, path := range caps {
+				add(path)
+			}
+		}
+	}
+	return specs, nil
 }

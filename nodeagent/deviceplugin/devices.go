@@ -35,6 +35,9 @@ type MIGDevice struct {
 	// Start of the GPU instance placement, which orders the MIG devices of
 	// one GPU.
 	Start int
+	// GIID and CIID are the GPU and compute instance IDs, which name the
+	// capability device nodes that grant access to the MIG device.
+	GIID, CIID int
 }
 
 // unit is one thing the kubelet can hand out before replication: a whole
@@ -113,11 +116,11 @@ func buildResources(cfg Config, gpus []GPU) ([]*resource, error) {
 		}
 		if len(enabled) > 0 && len(disabled) > 0 {
 			return nil, fmt.Errorf("migStrategy %q: MIG is enabled on %s but not on %s; use %q: %w",
-				cfg.MIGStrategy, strings.Join(enabled, ", "), strings.Join(disabled, ", "), MIGStrategyMixed, errHardwareMismatch)
+				cfg.MIGStrategy, strings.Join(enabled, ", "), strings.Join(disabled, ", "), MIGStrategyMixed, ErrHardwareMismatch)
 		}
 		if len(profiles) > 1 {
 			return nil, fmt.Errorf("migStrategy %q: MIG devices have several profiles (%s); use %q: %w",
-				cfg.MIGStrategy, strings.Join(sortedKeys(profiles), ", "), MIGStrategyMixed, errHardwareMismatch)
+				cfg.MIGStrategy, strings.Join(sortedKeys(profiles), ", "), MIGStrategyMixed, ErrHardwareMismatch)
 		}
 		for i := range sorted {
 			if sorted[i].MIGEnabled {
@@ -173,9 +176,9 @@ func buildResources(cfg Config, gpus []GPU) ([]*resource, error) {
 	return out, nil
 }
 
-// errHardwareMismatch marks errors where the config is valid but the node's
+// ErrHardwareMismatch marks errors where the config is valid but the node's
 // GPUs do not fit it.
-var errHardwareMismatch = errors.New("the node's GPUs do not fit the device plugin config")
+var ErrHardwareMismatch = errors.New("the node's GPUs do not fit the device plugin config")
 
 // migResourceName is <domain>/mig-<profile>. A '+' in a profile name
 // (e.g. 1g.10gb+me, a profile with media extensions) is not allowed in a

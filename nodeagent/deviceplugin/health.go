@@ -4,41 +4,54 @@ import (
 	"context"
 
 	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/nodeagent/health"
 )
 
-// HealthEvent says that a GPU or MIG device became unhealthy, or recovered.
-type HealthEvent struct {
-	// UUID of the GPU or MIG device. An unhealthy GPU makes its MIG devices
-	// and replicas unhealthy too.
-	UUID    string
-	Healthy bool
-	// Reason is logged, e.g. "XID 79".
-	Reason string
-}
-
 // HealthSource delivers health events until ctx ends, then closes the
-// channel.
+// channel; the node agent's *health.Broadcaster is one. Events name a GPU
+// UUID (its MIG devices and replicas follow it) or a MIG device UUID.
 type HealthSource interface {
-	Subscribe(ctx context.Context) <-chan HealthEvent
+	Subscribe(ctx context.Context) <-chan health.Event
 }
 
-// applyHealth records the event and, when it changes anything, wakes the
-// ListAndWatch streams. Unlike NVIDIA's device plugin, a recovered device
-// is offered again.
-func (p *Plugin) applyHealth(ctx context.Context, ev HealthEvent) {
+var _ HealthSource = (*health.Broadcaster)(nil)
+
+// applyHealth records the event the way health.Broadcaster does (a device
+// is unhealthy while any condition holds; a healthy event clears its kind,
+// or every kind when Kind is empty) and, when that changes whether the
+// device is healthy, wakes the ListAndWatch streams. Unlike NVIDIA's device
+// plugin, a recovered device is offered again.
+func (p *Plugin) applyHealth(ctx context.Context, ev health.Event) {
 	logger := klog.FromContext(ctx)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	_, wasUnhealthy := p.unhealthy[ev.UUID]
+	conds := p.unhealthy[ev.UUID]
+	wasUnhealthy := len(conds) > 0
 	switch {
-	case !ev.Healthy && !wasUnhealthy:
-		p.unhealthy[ev.UUID] = ev.Reason
-		logger.Info("Device unhealthy", "uuid", ev.UUID, "reason", ev.Reason)
-	case ev.Healthy && wasUnhealthy:
+	case !ev.Healthy:
+		if conds == nil {
+			conds = map[health.Kind]health.Event{}
+			p.unhealthy[ev.UUID] = conds
+		}
+		conds[ev.Kind] = ev
+	case ev.Kind == "":
 		delete(p.unhealthy, ev.UUID)
-		logger.Info("Device healthy again", "uuid", ev.UUID, "reason", ev.Reason)
 	default:
+		delete(conds, ev.Kind)
+		if len(conds) == 0 {
+			delete(p.unhealthy, ev.UUID)
+		}
+	}
+	isUnhealthy := len(p.unhealthy[ev.UUID]) > 0
+	if wasUnhealthy == isUnhealthy {
+		logger.V(2).Info("Health condition changed, device health did not", "event", ev.String())
 		return
+	}
+	if isUnhealthy {
+		logger.Info("Device unhealthy", "uuid", ev.UUID, "kind", ev.Kind, "message", ev.Message)
+	} else {
+		logger.Info("Device healthy again", "uuid", ev.UUID, "message", ev.Message)
 	}
 	close(p.changed)
 	p.changed = make(chan struct{})

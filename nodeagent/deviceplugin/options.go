@@ -21,6 +21,10 @@ type Options struct {
 	NVML nvml.Interface
 	// Health, when set, marks devices Unhealthy and Healthy again.
 	Health HealthSource
+	// MIGMinorsFile is the driver's MIG capability table (default
+	// /proc/driver/nvidia-caps/mig-minors), read when an envvar Allocate
+	// response lists a MIG device's capability nodes.
+	MIGMinorsFile string
 }
 
 // gpus checks the selection: a GPU or MIG device listed twice would be

@@ -20,6 +20,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	tesseracdi "github.com/tessera-gpu/tessera/draplugin/cdi"
+	"github.com/tessera-gpu/tessera/nodeagent/health"
 )
 
 // registerTimeout bounds one Register call; the kubelet answers at once.
@@ -31,15 +34,18 @@ type Plugin struct {
 	resources     []*resource
 	kubeletSocket string
 	topo          *topology
-	health        HealthSource
+	// migCaps resolves MIG capability device nodes for envvar Allocate
+	// responses (the same table the DRA plugin reads).
+	migCaps tesseracdi.MIGCaps
+	health  HealthSource
 
 	// ctx is Run's context, for the loggers of the gRPC handlers.
 	ctx     context.Context
 	running atomic.Bool
 
 	mu sync.Mutex
-	// unhealthy maps a GPU or MIG UUID to why it is unhealthy.
-	unhealthy map[string]string
+	// unhealthy holds the conditions of each GPU or MIG UUID that has any.
+	unhealthy map[string]map[health.Kind]health.Event
 	// changed is closed (and replaced) whenever unhealthy changes, which
 	// wakes every ListAndWatch stream.
 	changed chan struct{}
@@ -50,6 +56,13 @@ type Plugin struct {
 // been started when New fails.
 func New(opts Options) (*Plugin, error) {
 	cfg := opts.Config
+	// Default fills in fields; work on copies so the caller's config stays
+	// as given.
+	cfg.DeviceListStrategy = append([]DeviceListStrategy(nil), cfg.DeviceListStrategy...)
+	if cfg.TimeSlicing != nil {
+		ts := *cfg.TimeSlicing
+		cfg.TimeSlicing = &ts
+	}
 	cfg.Default()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -67,8 +80,9 @@ func New(opts Options) (*Plugin, error) {
 		resources:     resources,
 		kubeletSocket: filepath.Join(cfg.PluginDir, cfg.KubeletSocket),
 		health:        opts.Health,
+		migCaps:       tesseracdi.MIGCaps{MinorsFile: opts.MIGMinorsFile},
 		ctx:           context.Background(),
-		unhealthy:     map[string]string{},
+		unhealthy:     map[string]map[health.Kind]health.Event{},
 		changed:       make(chan struct{}),
 	}
 	for _, r := range resources {
@@ -114,7 +128,7 @@ func (p *Plugin) Run(ctx context.Context) error {
 		return fmt.Errorf("device plugin: watching %s (config field pluginDir) for kubelet restarts: %w", p.cfg.PluginDir, err)
 	}
 
-	var events <-chan HealthEvent
+	var events <-chan health.Event
 	if p.health != nil {
 		events = p.health.Subscribe(ctx)
 	}
@@ -134,6 +148,9 @@ func (p *Plugin) Run(ctx context.Context) error {
 		}
 	}
 	logger.Info("Device plugin serving", "resources", p.ResourceNames(), "kubeletSocket", p.kubeletSocket)
+	if p.topo != nil && p.topo.err != nil {
+		logger.Info("GPU topology unknown: whole GPUs are preferred in index order", "err", p.topo.err)
+	}
 
 	backoff := newRegisterBackoff()
 	pending := append([]*server(nil), servers...)
@@ -228,9 +245,5 @@ func (p *Plugin) listDevices(r *resource) ([]*pluginapi.Device, <-chan struct{})
 // isUnhealthyLocked: a MIG device or replica is unhealthy when it or its GPU
 // is.
 func (p *Plugin) isUnhealthyLocked(u *unit) bool {
-	if _, bad := p.unhealthy[u.gpu.UUID]; bad {
-		return true
-	}
-	_, bad := p.unhealthy[u.id]
-	return bad
+	return len(p.unhealthy[u.gpu.UUID]) > 0 || len(p.unhealthy[u.id]) > 0
 }

@@ -1,0 +1,66 @@
+package deviceplugin
+
+import (
+	"fmt"
+	"testing"
+
+	"k8s.io/klog/v2/ktesting"
+
+	"github.com/tessera-gpu/tessera/nodeagent/discovery"
+)
+
+// BenchmarkPreferredWholeGPUs measures one NVLink-aware pick on an 8-GPU
+// node (go-gpuallocator's best-effort policy over the topology of
+// setTopology), the work the kubelet waits for at pod admission.
+func BenchmarkPreferredWholeGPUs(b *testing.B) {
+	m := newMock(b, 8)
+	setTopology(b, m)
+	_, ctx := ktesting.NewTestContext(b)
+	node, err := discovery.Discover(ctx, m)
+	if err != nil {
+		b.Fatal(err)
+	}
+	p, err := New(Options{GPUs: FromDiscovery(ctx, node.GPUs), NVML: m})
+	if err != nil {
+		b.Fatal(err)
+	}
+	r := p.resources[0]
+	all := ids(r.devices)
+	for _, size := range []int{1, 2, 4, 8} {
+		b.Run(fmt.Sprintf("size=%d", size), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if got, err := p.preferred(r, all, nil, size); err != nil || len(got) != size {
+					b.Fatalf("%v %v", got, err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkPreferredReplicas measures a pick of 8 replicas from an 8-GPU
+// node with 16 replicas per GPU.
+func BenchmarkPreferredReplicas(b *testing.B) {
+	m := newMock(b, 8)
+	_, ctx := ktesting.NewTestContext(b)
+	node, err := discovery.Discover(ctx, m)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, policy := range []ReplicaPolicy{ReplicaPolicySpread, ReplicaPolicyPack} {
+		p, err := New(Options{GPUs: FromDiscovery(ctx, node.GPUs), Config: Config{TimeSlicing: &TimeSlicing{Replicas: 16, Policy: policy}}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		r := p.resources[0]
+		all := ids(r.devices)
+		b.Run(string(policy), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if got, err := p.preferred(r, all, nil, 8); err != nil || len(got) != 8 {
+					b.Fatalf("%v %v", got, err)
+				}
+			}
+		})
+	}
+}
