@@ -184,7 +184,7 @@ func TestJointReallocationBeatsFirstFit(t *testing.T) {
 	for _, p := range res.Placements {
 		devs[p.Pod.Name] = p.Allocate[0].Allocation.Devices.Results[0].Device
 	}
-	if !strings.HasPrefix(devs["a"], "gpu-0-mig-3g.40gb-") || !strings.HasPrefix(devs["b"], "gpu-0-mig-3g.40gb-") || devs["a"] == devs["b"] {
+	if !strings.HasPrefix(devs["a"], "gpu-0-mig-3g-40gb-") || !strings.HasPrefix(devs["b"], "gpu-0-mig-3g-40gb-") || devs["a"] == devs["b"] {
 		t.Fatalf("devices = %v, want two distinct 3g.40gb MIG devices", devs)
 	}
 	if res.GPUUnits != 1 {

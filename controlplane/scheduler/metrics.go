@@ -1,0 +1,52 @@
+package scheduler
+
+import (
+	"sync"
+
+	"k8s.io/component-base/metrics"
+	"k8s.io/component-base/metrics/legacyregistry"
+)
+
+const subsystem = "tessera_scheduler"
+
+var (
+	gangsPending = metrics.NewGauge(&metrics.GaugeOpts{
+		Subsystem: subsystem, Name: "gangs_pending",
+		Help: "Gangs waiting to be placed at the end of the last cycle.", StabilityLevel: metrics.ALPHA,
+	})
+	gangsAdmitted = metrics.NewCounter(&metrics.CounterOpts{
+		Subsystem: subsystem, Name: "gangs_admitted_total",
+		Help: "Gangs placed and committed.", StabilityLevel: metrics.ALPHA,
+	})
+	podsBound = metrics.NewCounter(&metrics.CounterOpts{
+		Subsystem: subsystem, Name: "pods_bound_total",
+		Help: "Pods bound.", StabilityLevel: metrics.ALPHA,
+	})
+	solveLatency = metrics.NewHistogram(&metrics.HistogramOpts{
+		Subsystem: subsystem, Name: "solve_duration_seconds",
+		Help:    "Time to search a placement for one gang.",
+		Buckets: metrics.ExponentialBuckets(0.0001, 2, 16), StabilityLevel: metrics.ALPHA,
+	})
+	commitErrors = metrics.NewCounter(&metrics.CounterOpts{
+		Subsystem: subsystem, Name: "commit_errors_total",
+		Help: "Gang commits that failed and were undone.", StabilityLevel: metrics.ALPHA,
+	})
+	queueAllocated = metrics.NewGaugeVec(&metrics.GaugeOpts{
+		Subsystem: subsystem, Name: "queue_allocated",
+		Help: "Usage of a queue (with its descendants) per resource: GPU units, CPU cores, memory bytes.", StabilityLevel: metrics.ALPHA,
+	}, []string{"queue", "resource"})
+	queueRequested = metrics.NewGaugeVec(&metrics.GaugeOpts{
+		Subsystem: subsystem, Name: "queue_requested",
+		Help: "Usage plus waiting demand of a queue per resource.", StabilityLevel: metrics.ALPHA,
+	}, []string{"queue", "resource"})
+)
+
+var registerOnce sync.Once
+
+// RegisterMetrics registers the scheduler's metrics with the component-base legacy registry
+// (served by legacyregistry.Handler()).
+func RegisterMetrics() {
+	registerOnce.Do(func() {
+		legacyregistry.MustRegister(gangsPending, gangsAdmitted, podsBound, solveLatency, commitErrors, queueAllocated, queueRequested)
+	})
+}
