@@ -1,0 +1,221 @@
+package draplugin
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+
+	"github.com/tessera-gpu/tessera/draplugin/checkpoint"
+)
+
+type crash struct{ point string }
+
+// mixedClaim asks for a MIG device, an MPS share and a time-sliced whole
+// GPU, so that one prepare goes through every kind of side effect.
+func (e *env) mixedClaim(name string) *resourceapi.ResourceClaim {
+	return e.claim(name, []request{
+		{name: "mig", class: "mig", selector: `device.attributes["gpu.tessera.dev"].profile == "2g.20gb" && device.attributes["gpu.tessera.dev"].index == 0`},
+		{name: "share", class: "shared", memory: "4Gi", compute: "10"},
+		{name: "gpu", class: "gpu", selector: `device.attributes["gpu.tessera.dev"].index == 3`},
+	}, claimConfig{requests: []string{"gpu"}, json: `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"TimeSlicing","timeSlicing":{"interval":"Medium"}}}`})
+}
+
+// claimStatus is what is left of a claim on the node.
+type nodeState struct {
+	migs     []string
+	specs    []string
+	daemons  []string
+	recorded []string
+}
+
+func (e *env) state(p *Plugin) nodeState {
+	e.t.Helper()
+	daemons, err := p.sharing.Daemons()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	cp, err := checkpoint.Read(filepath.Join(e.pluginDir, "checkpoint.json"))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var recorded []string
+	if cp != nil {
+		for uid, c := range cp.Data.Claims {
+			recorded = append(recorded, fmt.Sprintf("%s:%s", uid, c.State))
+		}
+	}
+	return nodeState{migs: e.migInstances(), specs: e.specFiles(), daemons: daemons, recorded: recorded}
+}
+
+// TestCrashSafety kills the plugin (a panic out of the prepare) right after
+// each side effect, restarts it on the same directories and mock GPUs, and
+// checks that the node is consistent: the claim is either prepared exactly
+// once or nothing of it is left; the kubelet's retry then prepares it once
+// and unprepare leaves nothing.
+func TestCrashSafety(t *testing.T) {
+	points := []string{"checkpoint-started", "mig-created", "mps-started", "timeslice-set", "cdi-written", "checkpoint-completed"}
+	for _, point := range points {
+		t.Run(point, func(t *testing.T) {
+			e := newEnv(t)
+			c := e.mixedClaim("mixed")
+			crashed := false
+			p1 := e.start(func(o *Options) {
+				o.crash = func(p string) {
+					if p == point && !crashed {
+						crashed = true
+						panic(crash{p})
+					}
+				}
+			})
+			func() {
+				defer func() {
+					r := recover()
+					if _, ok := r.(crash); !ok {
+						t.Fatalf("prepare did not reach crash point %s (recovered %v)", point, r)
+					}
+				}()
+				_, _ = p1.PrepareResourceClaims(e.ctx, []*resourceapi.ResourceClaim{c})
+			}()
+			p1.Stop() // the process is gone: its sockets close
+
+			p2 := e.start()
+			st := e.state(p2)
+			if point == "checkpoint-completed" {
+				if len(st.migs) != 1 || len(st.specs) != 1 || len(st.daemons) != 1 || !reflect.DeepEqual(st.recorded, []string{string(c.UID) + ":PrepareCompleted"}) {
+					t.Fatalf("after restart the completed claim is not intact: %+v", st)
+				}
+			} else if len(st.migs)+len(st.specs)+len(st.daemons)+len(st.recorded) != 0 {
+				t.Fatalf("after restart something of the half-done prepare is left: %+v", st)
+			}
+
+			// The kubelet retries over the sockets.
+			k := e.kubelet()
+			resp := k.prepare(t, e.ctx, c)[string(c.UID)]
+			if resp.Error != "" || len(resp.Devices) != 3 {
+				t.Fatalf("retry: %+v", resp)
+			}
+			st = e.state(p2)
+			if len(st.migs) != 1 || len(st.specs) != 1 || len(st.daemons) != 1 {
+				t.Fatalf("claim not prepared exactly once: %+v", st)
+			}
+			e.tools.Reset()
+			if r := k.unprepare(t, e.ctx, c)[string(c.UID)]; r.Error != "" {
+				t.Fatal(r.Error)
+			}
+			st = e.state(p2)
+			if len(st.migs)+len(st.specs)+len(st.daemons)+len(st.recorded) != 0 {
+				t.Fatalf("unprepare left: %+v", st)
+			}
+			share := gpuUUID(e, 2)
+			want := []string{
+				"nvidia-smi compute-policy -i " + gpuUUID(e, 3) + " --set-timeslice 0",
+				"nvidia-cuda-mps-control  | visible= pipe=" + filepath.Join(e.mpsDir, share, "pipe") + " log=" + filepath.Join(e.mpsDir, share, "log") + " | stdin=quit",
+			}
+			if got := e.tools.Calls(); !reflect.DeepEqual(got, want) {
+				t.Errorf("tool calls at unprepare = %q, want %q", got, want)
+			}
+		})
+	}
+}
+
+func gpuUUID(e *env, minor int) string {
+	g, _ := e.node.GPUByMinor(minor)
+	return g.UUID
+}
+
+// TestCorruptCheckpoint: a checkpoint that fails its checksum is moved
+// aside; the plugin rebuilds from the CDI specs and NVML, keeps the claim
+// that is intact and destroys a MIG instance no claim owns.
+func TestCorruptCheckpoint(t *testing.T) {
+	e := newEnv(t)
+	c := e.claim("keep", []request{{name: "mig", class: "mig", selector: `device.attributes["gpu.tessera.dev"].profile == "1g.10gb" && device.attributes["gpu.tessera.dev"].index == 0`}})
+	p1 := e.start()
+	if res, err := p1.PrepareResourceClaims(e.ctx, []*resourceapi.ResourceClaim{c}); err != nil || res[c.UID].Err != nil {
+		t.Fatal(err, res)
+	}
+	p1.Stop()
+	path := filepath.Join(e.pluginDir, "checkpoint.json")
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw[len(raw)/2] ^= 0x20 // one flipped bit: checksum no longer matches
+	if err := os.WriteFile(path, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// An orphan: a MIG instance on GPU 1 that no claim owns.
+	e.createStaticMIG(1, "3g.40gb", 4)
+
+	p2 := e.start()
+	aside, _ := filepath.Glob(path + ".corrupt-*")
+	if len(aside) != 1 {
+		t.Fatalf("corrupt checkpoint not moved aside: %v", aside)
+	}
+	if got := p2.PreparedClaims(); !reflect.DeepEqual(got, []types.UID{c.UID}) {
+		t.Fatalf("prepared claims after rebuild = %v, want %v", got, c.UID)
+	}
+	if got := e.migInstances(); len(got) != 1 || !strings.HasPrefix(got[0], "gpu0:") {
+		t.Errorf("MIG instances = %v, want only the claim's on GPU 0", got)
+	}
+	if _, err := checkpoint.Read(path); err != nil {
+		t.Errorf("rebuilt checkpoint unreadable: %v", err)
+	}
+	res, err := p2.UnprepareResourceClaims(e.ctx, []kubeletplugin.NamespacedObject{{UID: c.UID}})
+	if err != nil || res[c.UID] != nil {
+		t.Fatal(err, res)
+	}
+	if got := e.migInstances(); len(got) != 0 {
+		t.Errorf("MIG instances after unprepare = %v", got)
+	}
+}
+
+// TestForeignBootCheckpoint: after a reboot the checkpoint is discarded
+// with its MIG instances and CDI specs.
+func TestForeignBootCheckpoint(t *testing.T) {
+	e := newEnv(t)
+	c := e.claim("old", []request{{name: "mig", class: "mig", selector: `device.attributes["gpu.tessera.dev"].index == 1`}})
+	p1 := e.start()
+	if res, err := p1.PrepareResourceClaims(e.ctx, []*resourceapi.ResourceClaim{c}); err != nil || res[c.UID].Err != nil {
+		t.Fatal(err, res)
+	}
+	p1.Stop()
+	if len(e.migInstances()) != 1 || len(e.specFiles()) != 1 {
+		t.Fatalf("setup: %v %v", e.migInstances(), e.specFiles())
+	}
+	e.bootID = "boot-2"
+	p2 := e.start()
+	st := e.state(p2)
+	if len(st.migs)+len(st.specs)+len(st.recorded) != 0 {
+		t.Fatalf("foreign-boot state survived: %+v", st)
+	}
+	cp, err := checkpoint.Read(filepath.Join(e.pluginDir, "checkpoint.json"))
+	if err != nil || cp.BootID != "boot-2" {
+		t.Fatalf("checkpoint = %+v, %v", cp, err)
+	}
+}
+
+// TestStaticMIGKept: with DestroyRecorded an administrator's MIG instance
+// survives a restart, can be prepared and is not destroyed at unprepare.
+func TestStaticMIGKept(t *testing.T) {
+	e := newEnv(t)
+	e.createStaticMIG(1, "1g.10gb", 6)
+	p := e.start(func(o *Options) { o.OrphanMIG = DestroyRecorded })
+	c := e.claim("static", []request{{name: "mig", class: "mig", selector: `device.attributes["gpu.tessera.dev"].index == 1 && device.attributes["gpu.tessera.dev"].placementStart == 6 && device.attributes["gpu.tessera.dev"].profile == "1g.10gb"`}})
+	res, err := p.PrepareResourceClaims(e.ctx, []*resourceapi.ResourceClaim{c})
+	if err != nil || res[c.UID].Err != nil {
+		t.Fatal(err, res)
+	}
+	if _, err := p.UnprepareResourceClaims(e.ctx, []kubeletplugin.NamespacedObject{{UID: c.UID}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.migInstances(); len(got) != 1 {
+		t.Fatalf("static instance destroyed: %v", got)
+	}
+}

@@ -1,0 +1,452 @@
+package draplugin
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/dynamic-resource-allocation/cel"
+	"k8s.io/dynamic-resource-allocation/structured"
+	"k8s.io/klog/v2/ktesting"
+	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/tessera-gpu/tessera/draplugin/internal/faketools"
+	"github.com/tessera-gpu/tessera/nodeagent/discovery"
+	"github.com/tessera-gpu/tessera/nodeagent/nvmlbackend"
+	"github.com/tessera-gpu/tessera/nodeagent/partition"
+	"github.com/tessera-gpu/tessera/nodeagent/slices"
+	"github.com/tessera-gpu/tessera/test/framework"
+)
+
+func TestMain(m *testing.M) { os.Exit(framework.Run(m)) }
+
+// The mock DGX H100 of every test: GPU 0 and 1 offer dynamic MIG, GPU 2 is
+// shared through consumable capacity, GPU 3 is offered whole.
+const partitionConfig = `
+default:
+  gpus:
+  - indices: [0, 1]
+    mode: dynamicMIG
+  - indices: [2]
+    mode: shared
+  - indices: [3]
+    mode: whole
+`
+
+// env is one simulated node: a mock DGX H100, its slices published to the
+// real API server, device classes, the plugin's directories and recording
+// fakes of the NVIDIA tools.
+type env struct {
+	t        testing.TB
+	ctx      context.Context
+	client   kubernetes.Interface
+	ns       string
+	nodeName string
+	lib      *nvmlbackend.Mock
+	node     *discovery.Node
+	tools    *faketools.Tools
+	bootID   string
+	classes  map[string]string // "gpu", "mig", "shared" → DeviceClass name
+
+	registrarDir, pluginDir, cdiDir, mpsDir string
+}
+
+func newEnv(t testing.TB) *env {
+	t.Helper()
+	_, ctx := ktesting.NewTestContext(t)
+	cp := framework.Shared(t)
+	e := &env{
+		t:        t,
+		ctx:      ctx,
+		client:   cp.Client(t),
+		ns:       cp.CreateNamespace(t),
+		nodeName: framework.UniqueName("node"),
+		bootID:   "boot-1",
+		tools:    faketools.Install(t),
+		classes:  map[string]string{},
+	}
+	// Unix socket paths are limited to 108 bytes: keep the base short.
+	base, err := os.MkdirTemp("", "dra")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(base) })
+	e.registrarDir, e.pluginDir = filepath.Join(base, "reg"), filepath.Join(base, "plugin")
+	e.cdiDir, e.mpsDir = filepath.Join(base, "cdi"), filepath.Join(base, "mps")
+
+	e.lib, err = nvmlbackend.NewMock("dgxh100", 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := discovery.Discover(ctx, e.lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := partition.Parse([]byte(partitionConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := partition.Resolve(cfg, nil, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := partition.Apply(ctx, e.lib, node, plan); err != nil {
+		t.Fatal(err)
+	}
+	if e.node, err = discovery.Discover(ctx, e.lib); err != nil {
+		t.Fatal(err)
+	}
+
+	nodeObj := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: e.nodeName}}
+	if _, err := e.client.CoreV1().Nodes().Create(ctx, nodeObj, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.client.CoreV1().Nodes().Delete(context.Background(), e.nodeName, metav1.DeleteOptions{}) })
+	for _, typ := range []string{"gpu", "mig", "shared"} {
+		name := framework.UniqueName(typ)
+		class := &resourceapi.DeviceClass{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+				Expression: fmt.Sprintf(`device.driver == %q && device.attributes[%q].type == %q`, DriverName, DriverName, typ),
+			}}}},
+		}
+		if _, err := e.client.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		e.classes[typ] = name
+		t.Cleanup(func() {
+			_ = e.client.ResourceV1().DeviceClasses().Delete(context.Background(), name, metav1.DeleteOptions{})
+		})
+	}
+
+	// The node agent's slice builder turns discovery and plan into the pool;
+	// the test stores it as the node agent's publisher would.
+	pool := slices.Build(slices.Input{Node: e.node, Plan: plan, Features: slices.AllFeatures}).Pool
+	for i, s := range pool.Slices {
+		rs := &resourceapi.ResourceSlice{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", e.nodeName, i)},
+			Spec: resourceapi.ResourceSliceSpec{
+				Driver:         DriverName,
+				Pool:           resourceapi.ResourcePool{Name: e.nodeName, Generation: 1, ResourceSliceCount: int64(len(pool.Slices))},
+				NodeName:       ptr.To(e.nodeName),
+				Devices:        s.Devices,
+				SharedCounters: s.SharedCounters,
+			},
+		}
+		if _, err := e.client.ResourceV1().ResourceSlices().Create(ctx, rs, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("create slice %d: %v", i, err)
+		}
+		t.Cleanup(func() {
+			_ = e.client.ResourceV1().ResourceSlices().Delete(context.Background(), rs.Name, metav1.DeleteOptions{})
+		})
+	}
+	return e
+}
+
+func (e *env) options() Options {
+	return Options{
+		KubeClient:   e.client,
+		NodeName:     e.nodeName,
+		NVML:         e.lib,
+		RegistrarDir: e.registrarDir,
+		PluginDir:    e.pluginDir,
+		CDIDir:       e.cdiDir,
+		MPSDir:       e.mpsDir,
+		BootID:       e.bootID,
+		// Computed capability minors: the test machine has no driver.
+		MIGMinorsFile: filepath.Join(e.pluginDir, "no-mig-minors"),
+	}
+}
+
+// start starts the plugin on the env's directories and stops it at the end.
+func (e *env) start(mod ...func(*Options)) *Plugin {
+	e.t.Helper()
+	opts := e.options()
+	for _, m := range mod {
+		m(&opts)
+	}
+	p, err := Start(e.ctx, opts)
+	if err != nil {
+		e.t.Fatalf("start plugin: %v", err)
+	}
+	e.t.Cleanup(p.Stop)
+	return p
+}
+
+// request describes one request of a test claim.
+type request struct {
+	name, class, selector string
+	memory, compute       string // consumable capacity of a shared request
+	count                 int64
+}
+
+// claim creates a claim and allocates it with the stock structured
+// allocator against the node's slices, as a scheduler would, and stores the
+// allocation in the API.
+func (e *env) claim(name string, reqs []request, configs ...claimConfig) *resourceapi.ResourceClaim {
+	e.t.Helper()
+	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns}}
+	for _, r := range reqs {
+		dr := resourceapi.DeviceRequest{Name: r.name, Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: e.classes[r.class], Count: max(r.count, 1)}}
+		if r.selector != "" {
+			dr.Exactly.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: r.selector}}}
+		}
+		if r.memory != "" || r.compute != "" {
+			dr.Exactly.Capacity = &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{}}
+			if r.memory != "" {
+				dr.Exactly.Capacity.Requests["memory"] = resource.MustParse(r.memory)
+			}
+			if r.compute != "" {
+				dr.Exactly.Capacity.Requests["compute"] = resource.MustParse(r.compute)
+			}
+		}
+		c.Spec.Devices.Requests = append(c.Spec.Devices.Requests, dr)
+	}
+	for _, cfg := range configs {
+		c.Spec.Devices.Config = append(c.Spec.Devices.Config, resourceapi.DeviceClaimConfiguration{
+			Requests: cfg.requests,
+			DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
+				Driver: DriverName, Parameters: runtime.RawExtension{Raw: []byte(cfg.json)},
+			}},
+		})
+	}
+	created, err := e.client.ResourceV1().ResourceClaims(e.ns).Create(e.ctx, c, metav1.CreateOptions{})
+	if err != nil {
+		e.t.Fatalf("create claim %s: %v", name, err)
+	}
+	return e.allocate(created)
+}
+
+// claimConfig is an opaque GpuConfig or MigDeviceConfig (JSON) for the
+// named requests (all when empty).
+type claimConfig struct {
+	requests []string
+	json     string
+}
+
+var allocMu sync.Mutex
+
+func (e *env) allocate(claim *resourceapi.ResourceClaim) *resourceapi.ResourceClaim {
+	e.t.Helper()
+	// Allocation must see earlier allocations: serialize it like a scheduler.
+	allocMu.Lock()
+	defer allocMu.Unlock()
+	sliceList, err := e.client.ResourceV1().ResourceSlices().List(e.ctx, metav1.ListOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var mine []*resourceapi.ResourceSlice
+	for i := range sliceList.Items {
+		if sliceList.Items[i].Spec.Pool.Name == e.nodeName {
+			mine = append(mine, &sliceList.Items[i])
+		}
+	}
+	claims, err := e.client.ResourceV1().ResourceClaims(e.ns).List(e.ctx, metav1.ListOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	state := structured.AllocatedState{
+		AllocatedDevices:         sets.New[structured.DeviceID](),
+		AllocatedSharedDeviceIDs: sets.New[structured.SharedDeviceID](),
+		AggregatedCapacity:       structured.NewConsumedCapacityCollection(),
+	}
+	for _, c := range claims.Items {
+		if c.Status.Allocation == nil {
+			continue
+		}
+		for _, r := range c.Status.Allocation.Devices.Results {
+			id := structured.MakeDeviceID(r.Driver, r.Pool, r.Device)
+			if r.ShareID == nil {
+				state.AllocatedDevices.Insert(id)
+				continue
+			}
+			state.AllocatedSharedDeviceIDs.Insert(structured.MakeSharedDeviceID(id, r.ShareID))
+			state.AggregatedCapacity.Insert(structured.NewDeviceConsumedCapacity(id, r.ConsumedCapacity))
+		}
+	}
+	classList, err := e.client.ResourceV1().DeviceClasses().List(e.ctx, metav1.ListOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	features := structured.Features{ConsumableCapacity: true, PartitionableDevices: true, DeviceTaints: true, PrioritizedList: true, AdminAccess: true}
+	alloc, err := structured.NewAllocator(e.ctx, features, state, classLister(classList.Items), mine, cel.NewCache(10, cel.Features{}))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: e.nodeName}}
+	results, err := alloc.Allocate(e.ctx, node, []*resourceapi.ResourceClaim{claim})
+	if err != nil {
+		e.t.Fatalf("allocate %s: %v", claim.Name, err)
+	}
+	if len(results) != 1 {
+		e.t.Fatalf("claim %s does not fit on node %s", claim.Name, e.nodeName)
+	}
+	claim = claim.DeepCopy()
+	claim.Status.Allocation = &results[0]
+	updated, err := e.client.ResourceV1().ResourceClaims(e.ns).UpdateStatus(e.ctx, claim, metav1.UpdateOptions{})
+	if err != nil {
+		e.t.Fatalf("store allocation of %s: %v", claim.Name, err)
+	}
+	return updated
+}
+
+type classLister []resourceapi.DeviceClass
+
+func (l classLister) List() ([]*resourceapi.DeviceClass, error) {
+	out := make([]*resourceapi.DeviceClass, len(l))
+	for i := range l {
+		out[i] = &l[i]
+	}
+	return out, nil
+}
+
+func (l classLister) Get(name string) (*resourceapi.DeviceClass, error) {
+	for i := range l {
+		if l[i].Name == name {
+			return &l[i], nil
+		}
+	}
+	return nil, fmt.Errorf("device class %s not found", name)
+}
+
+// kubelet talks to the plugin the way the kubelet does: registration
+// socket first, then the DRA socket it names.
+type kubelet struct {
+	info *registerapi.PluginInfo
+	dra  drapb.DRAPluginClient
+}
+
+func (e *env) kubelet() *kubelet {
+	e.t.Helper()
+	regPath := filepath.Join(e.registrarDir, DriverName+"-reg.sock")
+	var regConn *grpc.ClientConn
+	err := wait.PollUntilContextTimeout(e.ctx, 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		_, err := os.Stat(regPath)
+		return err == nil, nil
+	})
+	if err != nil {
+		e.t.Fatalf("registration socket %s never appeared", regPath)
+	}
+	regConn, err = grpc.NewClient("unix://"+regPath, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { _ = regConn.Close() })
+	reg := registerapi.NewRegistrationClient(regConn)
+	info, err := reg.GetInfo(e.ctx, &registerapi.InfoRequest{})
+	if err != nil {
+		e.t.Fatalf("GetInfo: %v", err)
+	}
+	if _, err := reg.NotifyRegistrationStatus(e.ctx, &registerapi.RegistrationStatus{PluginRegistered: true}); err != nil {
+		e.t.Fatalf("NotifyRegistrationStatus: %v", err)
+	}
+	draConn, err := grpc.NewClient("unix://"+info.Endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { _ = draConn.Close() })
+	return &kubelet{info: info, dra: drapb.NewDRAPluginClient(draConn)}
+}
+
+func (k *kubelet) prepare(t testing.TB, ctx context.Context, claims ...*resourceapi.ResourceClaim) map[string]*drapb.NodePrepareResourceResponse {
+	t.Helper()
+	req := &drapb.NodePrepareResourcesRequest{}
+	for _, c := range claims {
+		req.Claims = append(req.Claims, &drapb.Claim{Namespace: c.Namespace, Name: c.Name, Uid: string(c.UID)})
+	}
+	resp, err := k.dra.NodePrepareResources(ctx, req)
+	if err != nil {
+		t.Fatalf("NodePrepareResources: %v", err)
+	}
+	return resp.Claims
+}
+
+func (k *kubelet) unprepare(t testing.TB, ctx context.Context, claims ...*resourceapi.ResourceClaim) map[string]*drapb.NodeUnprepareResourceResponse {
+	t.Helper()
+	req := &drapb.NodeUnprepareResourcesRequest{}
+	for _, c := range claims {
+		req.Claims = append(req.Claims, &drapb.Claim{Namespace: c.Namespace, Name: c.Name, Uid: string(c.UID)})
+	}
+	resp, err := k.dra.NodeUnprepareResources(ctx, req)
+	if err != nil {
+		t.Fatalf("NodeUnprepareResources: %v", err)
+	}
+	return resp.Claims
+}
+
+// migInstances lists "gpu<minor>:<profileID>@<start>" for every GPU
+// instance on the mock.
+func (e *env) migInstances() []string {
+	e.t.Helper()
+	var out []string
+	for _, g := range e.lib.GPUs() {
+		for gi := range g.GpuInstances {
+			out = append(out, fmt.Sprintf("gpu%d:%d@%d", g.Minor, gi.Info.ProfileId, gi.Info.Placement.Start))
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// specFiles lists the CDI spec files.
+func (e *env) specFiles() []string {
+	entries, _ := os.ReadDir(e.cdiDir)
+	var out []string
+	for _, en := range entries {
+		if strings.HasSuffix(en.Name(), ".json") {
+			out = append(out, en.Name())
+		}
+	}
+	return out
+}
+
+// createStaticMIG makes a MIG instance outside the plugin.
+func (e *env) createStaticMIG(minor int, profile string, start int) {
+	e.t.Helper()
+	g, _ := e.node.GPUByMinor(minor)
+	p, ok := g.Profile(profile)
+	if !ok {
+		e.t.Fatalf("GPU %d has no profile %s", minor, profile)
+	}
+	dev := e.lib.GPUs()[minor]
+	info, ret := dev.GetGpuInstanceProfileInfo(p.GIProfileID)
+	if ret != nvml.SUCCESS {
+		e.t.Fatal(ret)
+	}
+	size := 0
+	for _, pl := range p.Placements {
+		if pl.Start == start {
+			size = pl.Size
+		}
+	}
+	gi, ret := dev.CreateGpuInstanceWithPlacement(&info, &nvml.GpuInstancePlacement{Start: uint32(start), Size: uint32(size)})
+	if ret != nvml.SUCCESS {
+		e.t.Fatal(ret)
+	}
+	ciInfo, ret := gi.GetComputeInstanceProfileInfo(p.CIProfileID, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+	if ret != nvml.SUCCESS {
+		e.t.Fatal(ret)
+	}
+	if _, ret := gi.CreateComputeInstance(&ciInfo); ret != nvml.SUCCESS {
+		e.t.Fatal(ret)
+	}
+}

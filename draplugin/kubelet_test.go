@@ -1,0 +1,172 @@
+package draplugin
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/tessera-gpu/tessera/draplugin/cdi"
+	"github.com/tessera-gpu/tessera/nodeagent/devicename"
+)
+
+// readSpec reads the claim's CDI spec from disk.
+func (e *env) readSpec(uid string) *cdispec.Spec {
+	e.t.Helper()
+	raw, err := os.ReadFile(filepath.Join(e.cdiDir, "k8s.gpu.tessera.dev-claim_"+uid+".json"))
+	if err != nil {
+		e.t.Fatalf("CDI spec of claim %s: %v", uid, err)
+	}
+	var spec cdispec.Spec
+	if err := json.Unmarshal(raw, &spec); err != nil {
+		e.t.Fatal(err)
+	}
+	return &spec
+}
+
+func nodePaths(edits cdispec.ContainerEdits) []string {
+	var out []string
+	for _, n := range edits.DeviceNodes {
+		out = append(out, n.Path)
+	}
+	return out
+}
+
+// TestKubeletPrepareUnprepare acts as the kubelet over the real sockets for
+// claims that the structured allocator allocated on the API server: a whole
+// GPU, a dynamic MIG device and a fractional share.
+func TestKubeletPrepareUnprepare(t *testing.T) {
+	e := newEnv(t)
+	e.start()
+	k := e.kubelet()
+	if k.info.Type != registerapi.DRAPlugin || k.info.Name != DriverName || !strings.HasPrefix(k.info.Endpoint, e.pluginDir) {
+		t.Errorf("GetInfo = %+v", k.info)
+	}
+	if !slices.Contains(k.info.SupportedVersions, "v1.DRAPlugin") {
+		t.Errorf("supported services %v lack v1.DRAPlugin", k.info.SupportedVersions)
+	}
+
+	whole := e.claim("whole", []request{{name: "gpu", class: "gpu", selector: `device.attributes["gpu.tessera.dev"].index == 3`}})
+	migc := e.claim("mig", []request{{name: "mig", class: "mig", selector: `device.attributes["gpu.tessera.dev"].profile == "1g.10gb" && device.attributes["gpu.tessera.dev"].index == 1`}})
+	shared := e.claim("share", []request{{name: "share", class: "shared", memory: "10Gi", compute: "25"}})
+
+	resp := k.prepare(t, e.ctx, whole, migc, shared)
+	for _, c := range []string{string(whole.UID), string(migc.UID), string(shared.UID)} {
+		if r := resp[c]; r == nil || r.Error != "" {
+			t.Fatalf("prepare of %s: %+v", c, r)
+		}
+	}
+
+	// Whole GPU: its device node and the control nodes.
+	wr := resp[string(whole.UID)]
+	if len(wr.Devices) != 1 || wr.Devices[0].DeviceName != "gpu-3" || wr.Devices[0].PoolName != e.nodeName {
+		t.Fatalf("whole devices = %+v", wr.Devices)
+	}
+	wantID := "k8s.gpu.tessera.dev/claim=" + string(whole.UID) + "-gpu-3"
+	if !reflect.DeepEqual(wr.Devices[0].CdiDeviceIds, []string{wantID}) {
+		t.Errorf("CDI IDs = %v, want %s", wr.Devices[0].CdiDeviceIds, wantID)
+	}
+	spec := e.readSpec(string(whole.UID))
+	if got := nodePaths(spec.Devices[0].ContainerEdits); !reflect.DeepEqual(got, []string{"/dev/nvidia3"}) {
+		t.Errorf("whole GPU device nodes = %v", got)
+	}
+	if got := nodePaths(spec.ContainerEdits); !reflect.DeepEqual(got, cdi.DefaultControlNodes) {
+		t.Errorf("control nodes = %v", got)
+	}
+
+	// MIG: created at exactly the allocated placement.
+	mr := resp[string(migc.UID)]
+	if len(mr.Devices) != 1 {
+		t.Fatalf("mig devices = %+v", mr.Devices)
+	}
+	name, err := devicename.Parse(mr.Devices[0].DeviceName)
+	if err != nil || name.Kind != devicename.KindMIG || name.Minor != 1 || name.Profile != "1g.10gb" {
+		t.Fatalf("allocated MIG device %q: %+v, %v", mr.Devices[0].DeviceName, name, err)
+	}
+	g1, _ := e.node.GPUByMinor(1)
+	prof, _ := g1.Profile("1g.10gb")
+	wantInst := []string{"gpu1:" + itoa(prof.GIProfileID) + "@" + itoa(name.Start)}
+	if got := e.migInstances(); !reflect.DeepEqual(got, wantInst) {
+		t.Errorf("MIG instances = %v, want %v", got, wantInst)
+	}
+	gi := onlyGI(t, e, 1)
+	mspec := e.readSpec(string(migc.UID))
+	wantNodes := []string{"/dev/nvidia1", "/dev/nvidia-caps/nvidia-cap" + itoa(3+1*135+int(gi.Info.Id)*9), "/dev/nvidia-caps/nvidia-cap" + itoa(3+1*135+int(gi.Info.Id)*9+1)}
+	if got := nodePaths(mspec.Devices[0].ContainerEdits); !reflect.DeepEqual(got, wantNodes) {
+		t.Errorf("MIG device nodes = %v, want %v", got, wantNodes)
+	}
+
+	// Shared: MPS daemon for GPU 2 and the claim's limits in its env.
+	sr := resp[string(shared.UID)]
+	if len(sr.Devices) != 1 || sr.Devices[0].DeviceName != "gpu-2-shared" || sr.Devices[0].ShareId == nil {
+		t.Fatalf("shared devices = %+v", sr.Devices)
+	}
+	g2, _ := e.node.GPUByMinor(2)
+	sspec := e.readSpec(string(shared.UID))
+	wantEnv := []string{"CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M"}
+	if got := sspec.Devices[0].ContainerEdits.Env; !reflect.DeepEqual(got, wantEnv) {
+		t.Errorf("MPS env = %v, want %v", got, wantEnv)
+	}
+	pipe := filepath.Join(e.mpsDir, g2.UUID, "pipe")
+	if m := sspec.Devices[0].ContainerEdits.Mounts; len(m) != 1 || m[0].HostPath != pipe || m[0].ContainerPath != "/tmp/nvidia-mps" {
+		t.Errorf("MPS mounts = %+v", m)
+	}
+	wantCalls := []string{"nvidia-cuda-mps-control -d | visible=" + g2.UUID + " pipe=" + pipe + " log=" + filepath.Join(e.mpsDir, g2.UUID, "log") + " | stdin="}
+	if got := e.tools.Calls(); !reflect.DeepEqual(got, wantCalls) {
+		t.Errorf("tool calls = %q, want %q", got, wantCalls)
+	}
+
+	// Asking again returns the same answer and changes nothing.
+	again := k.prepare(t, e.ctx, whole, migc, shared)
+	for uid, r := range resp {
+		if !reflect.DeepEqual(again[uid].Devices, r.Devices) {
+			t.Errorf("second prepare of %s = %+v, want %+v", uid, again[uid].Devices, r.Devices)
+		}
+	}
+	if got := e.migInstances(); len(got) != 1 {
+		t.Errorf("second prepare changed MIG instances: %v", got)
+	}
+
+	// Unprepare: MIG destroyed, daemon stopped, specs removed; twice is fine.
+	e.tools.Reset()
+	for i := 0; i < 2; i++ {
+		for uid, r := range k.unprepare(t, e.ctx, whole, migc, shared) {
+			if r.Error != "" {
+				t.Errorf("unprepare %d of %s: %s", i, uid, r.Error)
+			}
+		}
+	}
+	if got := e.migInstances(); len(got) != 0 {
+		t.Errorf("MIG instances left: %v", got)
+	}
+	if got := e.specFiles(); len(got) != 0 {
+		t.Errorf("CDI specs left: %v", got)
+	}
+	wantCalls = []string{"nvidia-cuda-mps-control  | visible= pipe=" + pipe + " log=" + filepath.Join(e.mpsDir, g2.UUID, "log") + " | stdin=quit"}
+	if got := e.tools.Calls(); !reflect.DeepEqual(got, wantCalls) {
+		t.Errorf("tool calls at unprepare = %q, want %q", got, wantCalls)
+	}
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+func onlyGI(t *testing.T, e *env, minor int) (gi struct{ Info nvml.GpuInstanceInfo }) {
+	t.Helper()
+	n := 0
+	for g := range e.lib.GPUs()[minor].GpuInstances {
+		gi.Info = g.Info
+		n++
+	}
+	if n != 1 {
+		t.Fatalf("GPU %d has %d GPU instances, want 1", minor, n)
+	}
+	return gi
+}

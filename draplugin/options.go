@@ -1,0 +1,167 @@
+package draplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+
+	"github.com/tessera-gpu/tessera/draplugin/cdi"
+	"github.com/tessera-gpu/tessera/draplugin/checkpoint"
+	"github.com/tessera-gpu/tessera/draplugin/executor"
+	"github.com/tessera-gpu/tessera/nodeagent/discovery"
+	"github.com/tessera-gpu/tessera/nodeagent/health"
+)
+
+// DriverName is the DRA driver the plugin serves.
+const DriverName = "gpu.tessera.dev"
+
+// Default directories.
+const (
+	DefaultRegistrarDir = kubeletplugin.KubeletRegistryDir
+	DefaultPluginDir    = kubeletplugin.KubeletPluginsDir + "/" + DriverName
+	DefaultCDIDir       = cdi.DefaultDir
+	// DefaultMPSDir is short on purpose: MPS creates unix sockets in the
+	// pipe directory, and socket paths are limited to 108 bytes.
+	DefaultMPSDir = "/run/tessera/mps"
+)
+
+// OrphanMIGPolicy says which MIG instances startup reconciliation destroys.
+type OrphanMIGPolicy string
+
+const (
+	// DestroyUnowned destroys every GPU instance on a MIG-enabled GPU that
+	// no prepared claim owns. Right for nodes where all MIG devices are
+	// created on demand (the default).
+	DestroyUnowned OrphanMIGPolicy = "DestroyUnowned"
+	// DestroyRecorded destroys only instances that the plugin's own
+	// records say it created, and keeps instances an administrator made
+	// (static MIG devices).
+	DestroyRecorded OrphanMIGPolicy = "DestroyRecorded"
+)
+
+// Options configure the plugin.
+type Options struct {
+	// KubeClient reads ResourceClaims (required).
+	KubeClient kubernetes.Interface
+	// NodeName is the node the plugin serves (required).
+	NodeName string
+	// NVML is the initialised NVML library: real or a mock (required).
+	NVML nvml.Interface
+	// Node is the discovered node; discovered from NVML at Start when nil.
+	Node *discovery.Node
+
+	// RegistrarDir is where the kubelet watches for registration sockets
+	// (default /var/lib/kubelet/plugins_registry).
+	RegistrarDir string
+	// PluginDir holds the DRA socket and the checkpoint (default
+	// /var/lib/kubelet/plugins/gpu.tessera.dev).
+	PluginDir string
+	// CDIDir receives the per-claim CDI specs (default /var/run/cdi).
+	CDIDir string
+	// MPSDir holds the MPS daemons' pipe and log directories (default
+	// /run/tessera/mps).
+	MPSDir string
+	// MIGMinorsFile is the driver's MIG capability table (default
+	// /proc/driver/nvidia-caps/mig-minors; computed when missing).
+	MIGMinorsFile string
+
+	// Executor runs nvidia-smi and nvidia-cuda-mps-control (default: child
+	// processes found on PATH).
+	Executor executor.Executor
+	// Health, when set, feeds device health to the kubelet
+	// (WatchHealthStatus). Without it the plugin declines health reporting.
+	Health HealthSource
+	// HealthResend is how often the full health report is re-sent so that
+	// the kubelet does not mark devices unknown (default 20s, below the
+	// kubelet's 30s timeout).
+	HealthResend time.Duration
+
+	// RollingUpdateUID enables seamless upgrades: the pod UID (downward
+	// API) of this plugin instance. Old and new instance then share
+	// PluginDir; gRPC calls are serialized across both with a file lock and
+	// every call reloads the checkpoint.
+	RollingUpdateUID types.UID
+	// BootID of this node boot (default: read from /proc).
+	BootID string
+	// OrphanMIG selects which MIG instances reconciliation destroys
+	// (default DestroyUnowned).
+	OrphanMIG OrphanMIGPolicy
+	// FatalError is called for errors the helper reports as fatal (a gRPC
+	// server died). Default: log only.
+	FatalError func(error)
+
+	// crash, set by tests, is called after each side effect with its name.
+	crash func(point string)
+}
+
+func (o *Options) complete() error {
+	var errs []error
+	if o.KubeClient == nil {
+		errs = append(errs, errors.New("KubeClient is required"))
+	}
+	if o.NodeName == "" {
+		errs = append(errs, errors.New("NodeName is required"))
+	}
+	if o.NVML == nil {
+		errs = append(errs, errors.New("NVML is required"))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("draplugin options: %w", errors.Join(errs...))
+	}
+	if o.RegistrarDir == "" {
+		o.RegistrarDir = DefaultRegistrarDir
+	}
+	if o.PluginDir == "" {
+		o.PluginDir = DefaultPluginDir
+	}
+	if o.CDIDir == "" {
+		o.CDIDir = DefaultCDIDir
+	}
+	if o.MPSDir == "" {
+		o.MPSDir = DefaultMPSDir
+	}
+	if o.Executor == nil {
+		o.Executor = executor.OS{}
+	}
+	if o.HealthResend <= 0 {
+		o.HealthResend = 20 * time.Second
+	}
+	switch o.OrphanMIG {
+	case "":
+		o.OrphanMIG = DestroyUnowned
+	case DestroyUnowned, DestroyRecorded:
+	default:
+		return fmt.Errorf("draplugin options: OrphanMIG %q is not %s or %s", o.OrphanMIG, DestroyUnowned, DestroyRecorded)
+	}
+	if o.BootID == "" {
+		id, err := checkpoint.BootID()
+		if err != nil {
+			return err
+		}
+		o.BootID = id
+	}
+	return nil
+}
+
+func (o *Options) checkpointPath() string { return filepath.Join(o.PluginDir, "checkpoint.json") }
+
+func (o *Options) crashPoint(name string) {
+	if o.crash != nil {
+		o.crash(name)
+	}
+}
+
+// HealthSource delivers GPU health events; the node agent's
+// *health.Broadcaster is one.
+type HealthSource interface {
+	// Subscribe returns a channel that first carries every unhealthy
+	// condition that holds now and then every change, until ctx is done.
+	Subscribe(ctx context.Context) <-chan health.Event
+}

@@ -1,0 +1,509 @@
+package draplugin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceclaim"
+	"k8s.io/klog/v2"
+
+	configapi "github.com/tessera-gpu/tessera/draplugin/api/v1alpha1"
+	"github.com/tessera-gpu/tessera/draplugin/cdi"
+	"github.com/tessera-gpu/tessera/draplugin/checkpoint"
+	"github.com/tessera-gpu/tessera/draplugin/mig"
+	"github.com/tessera-gpu/tessera/draplugin/sharing"
+	"github.com/tessera-gpu/tessera/nodeagent/devicename"
+)
+
+// Capacity names consumed by fractional claims.
+const (
+	CapacityMemory = "memory"
+	// CapacityCompute is the compute share in percent.
+	CapacityCompute = "compute"
+)
+
+// PrepareResourceClaims implements kubeletplugin.DRAPlugin.
+//
+// Per call: every claim is planned without side effects (devices looked
+// up, configs decoded and validated, the exclusive-device guard checked),
+// the plans are written to the checkpoint as PrepareStarted, the side
+// effects run (MIG instances, MPS daemons, time slices, CDI specs), and the
+// claims are written as PrepareCompleted. Two fsyncs per call, not per
+// claim. A claim that fails is rolled back on its own.
+func (p *Plugin) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	start := time.Now()
+	logger := klog.FromContext(ctx)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	defer func() {
+		p.metrics.duration.WithLabelValues("prepare").Observe(time.Since(start).Seconds())
+	}()
+	if err := p.syncFromDisk(ctx); err != nil {
+		return nil, err
+	}
+
+	results := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	fail := func(uid types.UID, err error) {
+		p.metrics.errors.WithLabelValues("prepare").Inc()
+		results[uid] = kubeletplugin.PrepareResult{Err: err}
+	}
+	var planned []*checkpoint.Claim
+	for _, claim := range claims {
+		p.metrics.operations.WithLabelValues("prepare").Inc()
+		if rec := p.state.Claims[claim.UID]; rec != nil {
+			if rec.State == checkpoint.PrepareCompleted {
+				// Idempotent: the kubelet asks again after its own restart.
+				results[claim.UID] = prepareResult(rec)
+				continue
+			}
+			// A prepare that another instance (rolling update) left half
+			// done: undo it, then prepare afresh.
+			if err := p.undo(ctx, rec); err != nil {
+				fail(claim.UID, fmt.Errorf("roll back earlier attempt to prepare claim %s: %w", klog.KObj(claim), err))
+				continue
+			}
+			delete(p.state.Claims, claim.UID)
+		}
+		rec, err := p.plan(ctx, claim)
+		if err != nil {
+			fail(claim.UID, err)
+			continue
+		}
+		if len(rec.Devices) == 0 {
+			results[claim.UID] = kubeletplugin.PrepareResult{}
+			continue
+		}
+		p.state.Claims[claim.UID] = rec
+		planned = append(planned, rec)
+	}
+	if len(planned) == 0 {
+		return results, nil
+	}
+
+	if err := p.save(); err != nil {
+		for _, rec := range planned {
+			delete(p.state.Claims, rec.UID)
+			fail(rec.UID, fmt.Errorf("record prepare of claim %s/%s: %w", rec.Namespace, rec.Name, err))
+		}
+		return results, nil
+	}
+	p.opts.crashPoint("checkpoint-started")
+
+	var done []*checkpoint.Claim
+	for _, rec := range planned {
+		if err := p.apply(ctx, rec); err != nil {
+			logger.Error(err, "Prepare failed, rolling back", "claim", klog.KRef(rec.Namespace, rec.Name))
+			if uerr := p.undo(ctx, rec); uerr != nil {
+				// Keep the PrepareStarted record: the next start rolls back.
+				fail(rec.UID, fmt.Errorf("%w (rollback failed too, retried at restart: %w)", err, uerr))
+				continue
+			}
+			delete(p.state.Claims, rec.UID)
+			fail(rec.UID, err)
+			continue
+		}
+		rec.State = checkpoint.PrepareCompleted
+		done = append(done, rec)
+	}
+	if err := p.save(); err != nil {
+		// The work is done but not recorded: undo it so that disk and
+		// devices agree, and let the kubelet retry.
+		for _, rec := range done {
+			rec.State = checkpoint.PrepareStarted
+			if uerr := p.undo(ctx, rec); uerr == nil {
+				delete(p.state.Claims, rec.UID)
+			}
+			fail(rec.UID, fmt.Errorf("record prepared claim %s/%s: %w", rec.Namespace, rec.Name, err))
+		}
+		if err := p.save(); err != nil {
+			logger.Error(err, "Checkpoint still not writable; restart will reconcile")
+		}
+		return results, nil
+	}
+	p.opts.crashPoint("checkpoint-completed")
+	for _, rec := range done {
+		results[rec.UID] = prepareResult(rec)
+		logger.V(2).Info("Prepared claim", "claim", klog.KRef(rec.Namespace, rec.Name), "devices", len(rec.Devices))
+	}
+	return results, nil
+}
+
+func prepareResult(rec *checkpoint.Claim) kubeletplugin.PrepareResult {
+	var res kubeletplugin.PrepareResult
+	for _, d := range rec.Devices {
+		res.Devices = append(res.Devices, kubeletplugin.Device{
+			Requests:     d.Requests,
+			PoolName:     d.Pool,
+			DeviceName:   d.Device,
+			CDIDeviceIDs: d.CDIDeviceIDs,
+			ShareID:      d.ShareID,
+		})
+	}
+	return res
+}
+
+// plan turns an allocated claim into a PrepareStarted record without any
+// side effect. Every error names the claim.
+func (p *Plugin) plan(ctx context.Context, claim *resourceapi.ResourceClaim) (*checkpoint.Claim, error) {
+	ref := klog.KObj(claim).String()
+	rec := &checkpoint.Claim{UID: claim.UID, Namespace: claim.Namespace, Name: claim.Name, State: checkpoint.PrepareStarted}
+	alloc := claim.Status.Allocation
+	if alloc == nil {
+		return nil, fmt.Errorf("claim %s is not allocated", ref)
+	}
+	configs, err := decodeConfigs(alloc.Devices.Config)
+	if err != nil {
+		return nil, fmt.Errorf("claim %s: %w", ref, err)
+	}
+	for _, r := range alloc.Devices.Results {
+		if r.Driver != DriverName {
+			continue
+		}
+		d, err := p.planDevice(r, configs)
+		if err != nil {
+			return nil, fmt.Errorf("claim %s: request %q: device %s: %w", ref, r.Request, r.Device, err)
+		}
+		rec.Devices = append(rec.Devices, d)
+	}
+	if err := p.guard(rec); err != nil {
+		return nil, err
+	}
+	// A MIG device whose instance exists already at exactly the allocated
+	// profile and placement and belongs to no claim is a static MIG device:
+	// use it, never destroy it.
+	for i := range rec.Devices {
+		d := &rec.Devices[i]
+		if d.Kind != checkpoint.KindMIG {
+			continue
+		}
+		inst, err := p.mig.Find(d.MIG.ParentUUID, d.MIG.GIProfileID, d.MIG.Start)
+		if err != nil {
+			return nil, fmt.Errorf("claim %s: device %s: %w", ref, d.Device, err)
+		}
+		if inst != nil && inst.Size == d.MIG.Size {
+			d.MIG.Static = true
+			klog.FromContext(ctx).V(2).Info("Using existing MIG instance", "claim", ref, "device", d.Device, "giID", inst.GIID)
+		}
+	}
+	return rec, nil
+}
+
+// opaqueConfig is one decoded config with the requests it applies to.
+type opaqueConfig struct {
+	index    int
+	source   resourceapi.AllocationConfigSource
+	requests []string
+	config   configapi.Config
+}
+
+func (c opaqueConfig) appliesTo(request string) bool {
+	if len(c.requests) == 0 {
+		return true
+	}
+	return slices.Contains(c.requests, request) || slices.Contains(c.requests, resourceclaim.BaseRequestRef(request))
+}
+
+// decodeConfigs decodes the driver's opaque configs, class configs first so
+// that the claim's own configs override them.
+func decodeConfigs(in []resourceapi.DeviceAllocationConfiguration) ([]opaqueConfig, error) {
+	var out []opaqueConfig
+	for i, c := range in {
+		if c.Opaque == nil || c.Opaque.Driver != DriverName {
+			continue
+		}
+		cfg, err := configapi.Decode(c.Opaque.Parameters.Raw)
+		if err != nil {
+			return nil, fmt.Errorf("status.allocation.devices.config[%d] (from %s) opaque parameters: %w", i, c.Source, err)
+		}
+		out = append(out, opaqueConfig{index: i, source: c.Source, requests: c.Requests, config: cfg})
+	}
+	slices.SortStableFunc(out, func(a, b opaqueConfig) int {
+		rank := func(s resourceapi.AllocationConfigSource) int {
+			if s == resourceapi.AllocationConfigSourceClass {
+				return 0
+			}
+			return 1
+		}
+		return rank(a.source) - rank(b.source)
+	})
+	return out, nil
+}
+
+// configFor returns the last config of the wanted kind for the request. A
+// config of the other kind that names the request explicitly is an error.
+func configFor(configs []opaqueConfig, request, wantKind string) (configapi.Config, error) {
+	var found configapi.Config
+	for _, c := range configs {
+		if !c.appliesTo(request) {
+			continue
+		}
+		if c.config.ConfigKind() != wantKind {
+			if len(c.requests) > 0 {
+				return nil, fmt.Errorf("status.allocation.devices.config[%d]: a %s cannot configure this device, it needs a %s", c.index, c.config.ConfigKind(), wantKind)
+			}
+			continue
+		}
+		found = c.config
+	}
+	return found, nil
+}
+
+func (p *Plugin) planDevice(r resourceapi.DeviceRequestAllocationResult, configs []opaqueConfig) (checkpoint.Device, error) {
+	d := checkpoint.Device{Requests: []string{r.Request}, Pool: r.Pool, Device: r.Device, ShareID: r.ShareID}
+	target, err := p.node.Lookup(r.Device)
+	if err != nil {
+		return d, err
+	}
+	d.GPUUUID, d.GPUMinor = target.GPU.UUID, target.GPU.Minor
+	switch target.Name.Kind {
+	case devicename.KindGPU, devicename.KindShared:
+		d.Kind = checkpoint.KindGPU
+		if target.Name.Kind == devicename.KindShared {
+			d.Kind = checkpoint.KindShared
+		}
+		cfg, err := configFor(configs, r.Request, configapi.GpuConfigKind)
+		if err != nil {
+			return d, err
+		}
+		var gc *configapi.GpuConfig
+		if cfg != nil {
+			gc = cfg.(*configapi.GpuConfig)
+		}
+		d.Sharing, err = gpuSharing(d, gc, r.ConsumedCapacity)
+		if err != nil {
+			return d, err
+		}
+	case devicename.KindMIG:
+		if !target.GPU.MigEnabled {
+			// Discovery is a snapshot; ask NVML for the current mode.
+			on, err := p.mig.MigEnabled(target.GPU.UUID)
+			if err != nil {
+				return d, err
+			}
+			if !on {
+				return d, fmt.Errorf("MIG mode is not enabled on GPU %d (%s)", target.GPU.Minor, target.GPU.UUID)
+			}
+		}
+		d.Kind = checkpoint.KindMIG
+		d.MIG = &checkpoint.MIGInstance{
+			ParentUUID:  target.GPU.UUID,
+			ParentMinor: target.GPU.Minor,
+			Profile:     target.Profile.Name,
+			GIProfileID: uint32(target.Profile.GIProfileID),
+			CIProfileID: uint32(target.Profile.CIProfileID),
+			Start:       uint32(target.Placement.Start),
+			Size:        uint32(target.Placement.Size),
+		}
+		cfg, err := configFor(configs, r.Request, configapi.MigDeviceConfigKind)
+		if err != nil {
+			return d, err
+		}
+		if cfg != nil {
+			if s := cfg.(*configapi.MigDeviceConfig).Sharing; s != nil {
+				d.Sharing = &checkpoint.Sharing{Strategy: string(configapi.MPSStrategy)}
+				applyMPSLimits(d.Sharing, s.MPS)
+			}
+		}
+	default:
+		return d, fmt.Errorf("unsupported device kind %s", target.Name.Kind)
+	}
+	return d, nil
+}
+
+func applyMPSLimits(s *checkpoint.Sharing, m *configapi.MPSConfig) {
+	if m == nil {
+		return
+	}
+	if m.ActiveThreadPercentage != nil {
+		s.ActiveThreadPercentage = *m.ActiveThreadPercentage
+	}
+	if m.PinnedDeviceMemoryLimit != nil {
+		s.PinnedMemoryLimitBytes = m.PinnedDeviceMemoryLimit.Value()
+	}
+}
+
+// gpuSharing decides how a whole GPU or a fractional share is shared. A
+// fractional share defaults to MPS with the consumed memory as pinned
+// device memory limit and the consumed compute share as active thread
+// percentage; a config may lower those limits but not raise them.
+func gpuSharing(d checkpoint.Device, gc *configapi.GpuConfig, consumed map[resourceapi.QualifiedName]resource.Quantity) (*checkpoint.Sharing, error) {
+	var cfg *configapi.GpuSharing
+	if gc != nil {
+		cfg = gc.Sharing
+	}
+	if d.Kind == checkpoint.KindGPU && cfg == nil {
+		return nil, nil // exclusive
+	}
+	if cfg != nil && cfg.Strategy == configapi.TimeSlicingStrategy {
+		interval, _ := cfg.TimeSlicing.Interval.Index()
+		return &checkpoint.Sharing{Strategy: string(configapi.TimeSlicingStrategy), TimeSliceInterval: interval}, nil
+	}
+	s := &checkpoint.Sharing{Strategy: string(configapi.MPSStrategy), MPSDevice: d.GPUUUID}
+	if d.Kind == checkpoint.KindShared {
+		if q, ok := consumed[CapacityMemory]; ok {
+			s.PinnedMemoryLimitBytes = q.Value()
+		}
+		if q, ok := consumed[CapacityCompute]; ok && q.Value() > 0 {
+			s.ActiveThreadPercentage = int32(min(q.Value(), 100))
+		}
+	}
+	if cfg != nil && cfg.MPS != nil {
+		if m := cfg.MPS.PinnedDeviceMemoryLimit; m != nil {
+			if s.PinnedMemoryLimitBytes > 0 && m.Value() > s.PinnedMemoryLimitBytes {
+				return nil, fmt.Errorf("GpuConfig sharing.mps.pinnedDeviceMemoryLimit %s exceeds the allocated memory (%d bytes)", m.String(), s.PinnedMemoryLimitBytes)
+			}
+			s.PinnedMemoryLimitBytes = m.Value()
+		}
+		if a := cfg.MPS.ActiveThreadPercentage; a != nil {
+			if s.ActiveThreadPercentage > 0 && *a > s.ActiveThreadPercentage {
+				return nil, fmt.Errorf("GpuConfig sharing.mps.activeThreadPercentage %d exceeds the allocated compute share (%d%%)", *a, s.ActiveThreadPercentage)
+			}
+			s.ActiveThreadPercentage = *a
+		}
+	}
+	return s, nil
+}
+
+// guard is the exclusive-device guard: a device held exclusively by one
+// claim is never prepared for another, whatever the API says (two
+// schedulers, a stale allocation). Caller holds mu.
+func (p *Plugin) guard(rec *checkpoint.Claim) error {
+	for _, other := range p.state.Claims {
+		if other.UID == rec.UID {
+			continue
+		}
+		for _, a := range rec.Devices {
+			for _, b := range other.Devices {
+				if !conflict(a, b) {
+					continue
+				}
+				if a.Kind == checkpoint.KindMIG && b.Kind == checkpoint.KindMIG {
+					return fmt.Errorf("MIG placement of device %s (GPU %d, memory slices %d..%d) for claim %s/%s is occupied by device %s of claim %s/%s (uid %s)",
+						a.Device, a.GPUMinor, a.MIG.Start, a.MIG.Start+a.MIG.Size-1, rec.Namespace, rec.Name, b.Device, other.Namespace, other.Name, other.UID)
+				}
+				return fmt.Errorf("exclusive-device guard: device %s for claim %s/%s conflicts with device %s (GPU %d) held by claim %s/%s (uid %s); refusing to prepare",
+					a.Device, rec.Namespace, rec.Name, b.Device, b.GPUMinor, other.Namespace, other.Name, other.UID)
+			}
+		}
+	}
+	return nil
+}
+
+// conflict reports whether two devices cannot be held by two claims at
+// once: shares of a GPU coexist, MIG devices coexist when their placements
+// do not overlap, everything else on the same GPU excludes.
+func conflict(a, b checkpoint.Device) bool {
+	if a.GPUUUID != b.GPUUUID {
+		return false
+	}
+	switch {
+	case a.Kind == checkpoint.KindShared && b.Kind == checkpoint.KindShared:
+		return false
+	case a.Kind == checkpoint.KindMIG && b.Kind == checkpoint.KindMIG:
+		return a.MIG.Start < b.MIG.Start+b.MIG.Size && b.MIG.Start < a.MIG.Start+a.MIG.Size
+	}
+	return true
+}
+
+// apply runs the side effects of a planned claim and fills in what they
+// produced (instance IDs, CDI IDs). Caller holds mu.
+func (p *Plugin) apply(ctx context.Context, rec *checkpoint.Claim) error {
+	ref := rec.Namespace + "/" + rec.Name
+	cdiDevices := make([]cdi.Device, 0, len(rec.Devices))
+	for i := range rec.Devices {
+		d := &rec.Devices[i]
+		cd := cdi.Device{Name: cdiName(d)}
+		switch d.Kind {
+		case checkpoint.KindGPU, checkpoint.KindShared:
+			cd.DeviceNodes = []string{cdi.GPUNode(d.GPUMinor)}
+		case checkpoint.KindMIG:
+			m := d.MIG
+			if m.Static {
+				inst, err := p.mig.Find(m.ParentUUID, m.GIProfileID, m.Start)
+				if err != nil {
+					return fmt.Errorf("claim %s: device %s: %w", ref, d.Device, err)
+				}
+				if inst == nil || len(inst.CIIDs) == 0 {
+					return fmt.Errorf("claim %s: device %s: the existing MIG instance at memory slice %d disappeared or has no compute instance", ref, d.Device, m.Start)
+				}
+				m.GIID, m.CIID = inst.GIID, inst.CIIDs[0]
+			} else {
+				giID, ciID, err := p.mig.Create(m.ParentUUID, m.GIProfileID, m.Start, m.Size, m.CIProfileID)
+				if errors.Is(err, mig.ErrOccupied) {
+					return fmt.Errorf("claim %s: device %s: MIG profile %s at memory slice %d: %w (held outside this plugin's records)", ref, d.Device, m.Profile, m.Start, err)
+				}
+				if err != nil {
+					return fmt.Errorf("claim %s: device %s: %w", ref, d.Device, err)
+				}
+				m.GIID, m.CIID, m.Created = giID, ciID, true
+				p.opts.crashPoint("mig-created")
+			}
+			nodes, err := p.caps.Nodes(m.ParentMinor, m.GIID, m.CIID)
+			if err != nil {
+				return fmt.Errorf("claim %s: device %s: %w", ref, d.Device, err)
+			}
+			cd.DeviceNodes = append([]string{cdi.GPUNode(m.ParentMinor)}, nodes...)
+		}
+		if s := d.Sharing; s != nil {
+			switch configapi.SharingStrategy(s.Strategy) {
+			case configapi.MPSStrategy:
+				if d.Kind == checkpoint.KindMIG {
+					uuid, err := p.mig.DeviceUUID(d.MIG.ParentUUID, d.MIG.GIID, d.MIG.CIID)
+					if err != nil {
+						return fmt.Errorf("claim %s: device %s: %w", ref, d.Device, err)
+					}
+					s.MPSDevice = uuid
+				}
+				daemon, err := p.sharing.StartMPS(ctx, s.MPSDevice)
+				if err != nil {
+					return fmt.Errorf("claim %s: device %s: %w", ref, d.Device, err)
+				}
+				p.opts.crashPoint("mps-started")
+				cd.Env = sharing.ClientEnv(s)
+				cd.Mounts = []cdi.Mount{{HostPath: daemon.PipeDir, ContainerPath: sharing.ContainerPipeDir}}
+			case configapi.TimeSlicingStrategy:
+				if err := p.sharing.SetTimeSlice(ctx, d.GPUUUID, s.TimeSliceInterval); err != nil {
+					return fmt.Errorf("claim %s: device %s: %w", ref, d.Device, err)
+				}
+				p.opts.crashPoint("timeslice-set")
+			}
+		}
+		cdiDevices = append(cdiDevices, cd)
+	}
+	// The spec carries the completed record so that a plugin whose
+	// checkpoint is lost can rebuild from the specs.
+	final := *rec
+	final.State = checkpoint.PrepareCompleted
+	for i := range rec.Devices {
+		rec.Devices[i].CDIDeviceIDs = []string{cdi.DeviceID(rec.UID, cdiDevices[i].Name)}
+	}
+	final.Devices = rec.Devices
+	raw, err := json.Marshal(final)
+	if err != nil {
+		return fmt.Errorf("claim %s: encode record: %w", ref, err)
+	}
+	if _, err := p.cdi.Write(rec.UID, raw, cdiDevices); err != nil {
+		return err
+	}
+	p.opts.crashPoint("cdi-written")
+	return nil
+}
+
+// cdiName is the device's name inside the claim's CDI spec: the DRA device
+// name, plus the share ID for a share (a claim may hold two shares of one
+// GPU).
+func cdiName(d *checkpoint.Device) string {
+	if d.ShareID != nil {
+		return d.Device + "-" + strings.ReplaceAll(string(*d.ShareID), "/", "-")
+	}
+	return d.Device
+}

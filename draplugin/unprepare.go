@@ -1,0 +1,125 @@
+package draplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+
+	configapi "github.com/tessera-gpu/tessera/draplugin/api/v1alpha1"
+	"github.com/tessera-gpu/tessera/draplugin/checkpoint"
+)
+
+// UnprepareResourceClaims implements kubeletplugin.DRAPlugin. A claim the
+// plugin does not know is already unprepared. A claim whose undo fails
+// stays recorded and is reported, so the kubelet retries; every undo step
+// is idempotent.
+func (p *Plugin) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	start := time.Now()
+	logger := klog.FromContext(ctx)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	defer func() {
+		p.metrics.duration.WithLabelValues("unprepare").Observe(time.Since(start).Seconds())
+	}()
+	if err := p.syncFromDisk(ctx); err != nil {
+		return nil, err
+	}
+	results := make(map[types.UID]error, len(claims))
+	removed := map[types.UID]*checkpoint.Claim{}
+	for _, c := range claims {
+		p.metrics.operations.WithLabelValues("unprepare").Inc()
+		results[c.UID] = nil
+		rec := p.state.Claims[c.UID]
+		if rec == nil {
+			logger.V(3).Info("Claim is not prepared, nothing to do", "claim", c.NamespacedName)
+			continue
+		}
+		if err := p.undo(ctx, rec); err != nil {
+			p.metrics.errors.WithLabelValues("unprepare").Inc()
+			results[c.UID] = fmt.Errorf("unprepare claim %s: %w", c.NamespacedName, err)
+			continue
+		}
+		delete(p.state.Claims, c.UID)
+		removed[c.UID] = rec
+	}
+	if len(removed) == 0 {
+		return results, nil
+	}
+	if err := p.save(); err != nil {
+		// Keep the records so a retry undoes (idempotently) and saves again.
+		for uid, rec := range removed {
+			p.state.Claims[uid] = rec
+			p.metrics.errors.WithLabelValues("unprepare").Inc()
+			results[uid] = fmt.Errorf("record unprepare of claim %s/%s: %w", rec.Namespace, rec.Name, err)
+		}
+		return results, nil
+	}
+	for _, rec := range removed {
+		logger.V(2).Info("Unprepared claim", "claim", klog.KRef(rec.Namespace, rec.Name))
+	}
+	return results, nil
+}
+
+// undo reverses everything a prepare of rec may have done, in reverse
+// order: the CDI spec (so no new container gets the device), MPS (the
+// daemon stops with its last client), the time slice (back to Default when
+// no other claim time-slices the GPU), and the MIG instance. Each step is
+// idempotent and works from what is recorded before the side effect, so
+// undo also cleans up a prepare that crashed half-way. rec must still be in
+// p.state (it is excluded when counting other users). Caller holds mu.
+func (p *Plugin) undo(ctx context.Context, rec *checkpoint.Claim) error {
+	var errs []error
+	if err := p.cdi.Remove(rec.UID); err != nil {
+		errs = append(errs, err)
+	}
+	for i := len(rec.Devices) - 1; i >= 0; i-- {
+		d := &rec.Devices[i]
+		if s := d.Sharing; s != nil {
+			switch configapi.SharingStrategy(s.Strategy) {
+			case configapi.MPSStrategy:
+				if s.MPSDevice != "" && !p.otherUser(rec.UID, func(o *checkpoint.Device) bool {
+					return o.Sharing != nil && o.Sharing.MPSDevice == s.MPSDevice
+				}) {
+					if err := p.sharing.StopMPS(ctx, s.MPSDevice); err != nil {
+						errs = append(errs, err)
+					}
+				}
+			case configapi.TimeSlicingStrategy:
+				if !p.otherUser(rec.UID, func(o *checkpoint.Device) bool {
+					return o.GPUUUID == d.GPUUUID && o.Sharing != nil && o.Sharing.Strategy == s.Strategy
+				}) {
+					if err := p.sharing.SetTimeSlice(ctx, d.GPUUUID, 0); err != nil {
+						errs = append(errs, err)
+					}
+				}
+			}
+		}
+		if d.Kind == checkpoint.KindMIG && !d.MIG.Static {
+			if err := p.mig.Destroy(d.MIG.ParentUUID, d.MIG.GIProfileID, d.MIG.Start); err != nil {
+				errs = append(errs, fmt.Errorf("device %s: %w", d.Device, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// otherUser reports whether a claim other than uid holds a device that
+// matches. Caller holds mu.
+func (p *Plugin) otherUser(uid types.UID, match func(*checkpoint.Device) bool) bool {
+	for _, c := range p.state.Claims {
+		if c.UID == uid {
+			continue
+		}
+		for i := range c.Devices {
+			if match(&c.Devices[i]) {
+				return true
+			}
+		}
+	}
+	return false
+}
