@@ -27,9 +27,9 @@ import (
 	"k8s.io/klog/v2/ktesting"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
-	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/draplugin/internal/faketools"
+	"github.com/tessera-gpu/tessera/nodeagent/agent"
 	"github.com/tessera-gpu/tessera/nodeagent/discovery"
 	"github.com/tessera-gpu/tessera/nodeagent/nvmlbackend"
 	"github.com/tessera-gpu/tessera/nodeagent/partition"
@@ -52,8 +52,8 @@ default:
     mode: whole
 `
 
-// env is one simulated node: a mock DGX H100, its slices published to the
-// real API server, device classes, the plugin's directories and recording
+// env is one simulated node: a mock DGX H100, the node agent publishing its
+// slices to the real API server, device classes, the plugin's directories and recording
 // fakes of the NVIDIA tools.
 type env struct {
 	t        testing.TB
@@ -62,6 +62,7 @@ type env struct {
 	ns       string
 	nodeName string
 	lib      *nvmlbackend.Mock
+	agent    *agent.Agent
 	node     *discovery.Node
 	tools    *faketools.Tools
 	bootID   string
@@ -97,25 +98,6 @@ func newEnv(t testing.TB) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	node, err := discovery.Discover(ctx, e.lib)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := partition.Parse([]byte(partitionConfig))
-	if err != nil {
-		t.Fatal(err)
-	}
-	plan, err := partition.Resolve(cfg, nil, node)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := partition.Apply(ctx, e.lib, node, plan); err != nil {
-		t.Fatal(err)
-	}
-	if e.node, err = discovery.Discover(ctx, e.lib); err != nil {
-		t.Fatal(err)
-	}
-
 	nodeObj := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: e.nodeName}}
 	if _, err := e.client.CoreV1().Nodes().Create(ctx, nodeObj, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -138,27 +120,45 @@ func newEnv(t testing.TB) *env {
 		})
 	}
 
-	// The node agent's slice builder turns discovery and plan into the pool;
-	// the test stores it as the node agent's publisher would.
-	pool := slices.Build(slices.Input{Node: e.node, Plan: plan, Features: slices.AllFeatures}).Pool
-	for i, s := range pool.Slices {
-		rs := &resourceapi.ResourceSlice{
-			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", e.nodeName, i)},
-			Spec: resourceapi.ResourceSliceSpec{
-				Driver:         DriverName,
-				Pool:           resourceapi.ResourcePool{Name: e.nodeName, Generation: 1, ResourceSliceCount: int64(len(pool.Slices))},
-				NodeName:       ptr.To(e.nodeName),
-				Devices:        s.Devices,
-				SharedCounters: s.SharedCounters,
-			},
-		}
-		if _, err := e.client.ResourceV1().ResourceSlices().Create(ctx, rs, metav1.CreateOptions{}); err != nil {
-			t.Fatalf("create slice %d: %v", i, err)
-		}
-		t.Cleanup(func() {
-			_ = e.client.ResourceV1().ResourceSlices().Delete(context.Background(), rs.Name, metav1.DeleteOptions{})
-		})
+	// The node agent applies the partition config (MIG mode on GPU 0 and 1)
+	// and publishes the node's pool through its ResourceSlice controller.
+	cfg, err := partition.Parse([]byte(partitionConfig))
+	if err != nil {
+		t.Fatal(err)
 	}
+	features := slices.AllFeatures
+	e.agent, err = agent.New(agent.Options{KubeClient: e.client, NodeName: e.nodeName, NVML: e.lib, Config: cfg, Features: &features})
+	if err != nil {
+		t.Fatal(err)
+	}
+	agentCtx, stopAgent := context.WithCancel(ctx)
+	agentDone := make(chan error, 1)
+	go func() { agentDone <- e.agent.Run(agentCtx) }()
+	t.Cleanup(func() {
+		stopAgent()
+		<-agentDone
+	})
+	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		if !e.agent.Ready() {
+			return false, nil
+		}
+		list, err := e.client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		n, want := 0, int64(-1)
+		for _, s := range list.Items {
+			if s.Spec.Pool.Name == e.nodeName {
+				n++
+				want = s.Spec.Pool.ResourceSliceCount
+			}
+		}
+		return int64(n) == want, nil
+	})
+	if err != nil {
+		t.Fatalf("node agent did not publish: %v", err)
+	}
+	e.node, _ = e.agent.Snapshot()
 	return e
 }
 
@@ -167,6 +167,8 @@ func (e *env) options() Options {
 		KubeClient:   e.client,
 		NodeName:     e.nodeName,
 		NVML:         e.lib,
+		Node:         e.node,
+		Health:       e.agent.Health(),
 		RegistrarDir: e.registrarDir,
 		PluginDir:    e.pluginDir,
 		CDIDir:       e.cdiDir,
