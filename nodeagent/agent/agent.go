@@ -18,7 +18,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -330,25 +329,29 @@ func equalLabels(a, b map[string]string) bool {
 // for at most StartupTimeout.
 func (a *Agent) waitForNode(ctx context.Context) (*v1.Node, error) {
 	logger := klog.FromContext(ctx)
-	var node *v1.Node
-	var lastErr error
-	err := wait.PollUntilContextTimeout(ctx, time.Second, a.opts.StartupTimeout, true, func(ctx context.Context) (bool, error) {
-		n, err := a.opts.KubeClient.CoreV1().Nodes().Get(ctx, a.opts.NodeName, metav1.GetOptions{})
-		if err != nil {
-			lastErr = err
-			logger.V(2).Info("Waiting for the API server and the Node", "err", err)
-			return false, nil
+	deadline := time.Now().Add(a.opts.StartupTimeout)
+	for {
+		// Each attempt is bounded by the deadline but runs on the parent
+		// context, so that the error kept is the API server's, not a
+		// client-side deadline error of the last attempt.
+		attemptCtx, cancel := context.WithTimeout(ctx, max(time.Until(deadline), time.Second))
+		n, err := a.opts.KubeClient.CoreV1().Nodes().Get(attemptCtx, a.opts.NodeName, metav1.GetOptions{})
+		cancel()
+		if err == nil {
+			return n, nil
 		}
-		node = n
-		return true, nil
-	})
-	if err != nil {
-		if lastErr == nil {
-			lastErr = err
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("get Node %q: %w", a.opts.NodeName, context.Cause(ctx))
 		}
-		return nil, fmt.Errorf("get Node %q from the API server (gave up after %s): %w", a.opts.NodeName, a.opts.StartupTimeout, lastErr)
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("get Node %q from the API server (gave up after %s): %w", a.opts.NodeName, a.opts.StartupTimeout, err)
+		}
+		logger.V(2).Info("Waiting for the API server and the Node", "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
 	}
-	return node, nil
 }
 
 // prepare discovers the GPUs, resolves the plan and brings MIG state in line.
