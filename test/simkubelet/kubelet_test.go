@@ -1,0 +1,286 @@
+package simkubelet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/utils/ptr"
+
+	"github.com/tessera-gpu/tessera/test/framework"
+)
+
+func TestMain(m *testing.M) { os.Exit(framework.Run(m)) }
+
+// recordingPlugin is a DRA driver served through the upstream kubeletplugin
+// helper, so the simulated kubelet talks to real registration and DRA sockets.
+type recordingPlugin struct {
+	mu         sync.Mutex
+	prepared   map[types.UID]int
+	unprepared map[types.UID]int
+	failClaim  string // prepare of a claim with this name fails
+}
+
+func (p *recordingPlugin) PrepareResourceClaims(_ context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := map[types.UID]kubeletplugin.PrepareResult{}
+	for _, c := range claims {
+		if c.Name == p.failClaim {
+			out[c.UID] = kubeletplugin.PrepareResult{Err: errors.New("device gpu-0 is broken")}
+			continue
+		}
+		p.prepared[c.UID]++
+		var devs []kubeletplugin.Device
+		for _, r := range c.Status.Allocation.Devices.Results {
+			devs = append(devs, kubeletplugin.Device{
+				Requests: []string{r.Request}, PoolName: r.Pool, DeviceName: r.Device,
+				CDIDeviceIDs: []string{"test.example.com/gpu=" + string(c.UID) + "-" + r.Device},
+			})
+		}
+		out[c.UID] = kubeletplugin.PrepareResult{Devices: devs}
+	}
+	return out, nil
+}
+
+func (p *recordingPlugin) UnprepareResourceClaims(_ context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := map[types.UID]error{}
+	for _, c := range claims {
+		p.unprepared[c.UID]++
+		out[c.UID] = nil
+	}
+	return out, nil
+}
+
+func (p *recordingPlugin) HandleError(context.Context, error, string) {}
+
+// WatchHealthStatus reports nothing: the simulated kubelet does not use health.
+func (p *recordingPlugin) WatchHealthStatus(ctx context.Context, _ chan<- kubeletplugin.DeviceHealthReport) error {
+	<-ctx.Done()
+	return nil
+}
+
+func (p *recordingPlugin) counts(uid types.UID) (int, int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.prepared[uid], p.unprepared[uid]
+}
+
+const driver = "sim.test.tessera.dev"
+
+func startNode(t *testing.T, ctx context.Context, client kubernetes.Interface, node string, plugin *recordingPlugin) *Kubelet {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "simkubelet") // short: unix socket paths are limited to 108 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	registry := filepath.Join(dir, "registry")
+	pluginDir := filepath.Join(dir, "plugin")
+	for _, d := range []string{registry, pluginDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	helper, err := kubeletplugin.Start(ctx, plugin,
+		kubeletplugin.DriverName(driver), kubeletplugin.KubeClient(client), kubeletplugin.NodeName(node),
+		kubeletplugin.RegistrarDirectoryPath(registry), kubeletplugin.PluginDataDirectoryPath(pluginDir))
+	if err != nil {
+		t.Fatalf("start test DRA plugin: %v", err)
+	}
+	t.Cleanup(helper.Stop)
+	k := New(Options{NodeName: node, Client: client, RegistryDir: registry})
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- k.Run(runCtx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("kubelet Run: %v", err)
+		}
+		_ = client.CoreV1().Nodes().Delete(context.Background(), node, metav1.DeleteOptions{})
+	})
+	return k
+}
+
+// allocatedClaim creates a claim and writes an allocation reserved for podUID,
+// as a scheduler would.
+func allocatedClaim(t *testing.T, ctx context.Context, client kubernetes.Interface, ns, name, node string) *resourceapi.ResourceClaim {
+	t.Helper()
+	claim := &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+			Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "sim-gpu"},
+		}}}},
+	}
+	claim, err := client.ResourceV1().ResourceClaims(ns).Create(ctx, claim, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create claim: %v", err)
+	}
+	return claim
+}
+
+func reserve(t *testing.T, ctx context.Context, client kubernetes.Interface, claim *resourceapi.ResourceClaim, node string, pod *corev1.Pod) {
+	t.Helper()
+	claim.Status.Allocation = &resourceapi.AllocationResult{
+		Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{
+			Request: "gpu", Driver: driver, Pool: node, Device: "gpu-0",
+		}}},
+		NodeSelector: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+			MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{node}}},
+		}}},
+	}
+	claim.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: pod.Name, UID: pod.UID}}
+	if _, err := client.ResourceV1().ResourceClaims(claim.Namespace).UpdateStatus(ctx, claim, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("allocate claim: %v", err)
+	}
+}
+
+func podWithClaim(ns, name, claim string, annotations map[string]string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Annotations: annotations},
+		Spec: corev1.PodSpec{
+			Containers: []corev1.Container{{
+				Name: "main", Image: "example.com/train:1",
+				Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpu"}}},
+			}},
+			ResourceClaims: []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To(claim)}},
+		},
+	}
+}
+
+func bind(t *testing.T, ctx context.Context, client kubernetes.Interface, pod *corev1.Pod, node string) {
+	t.Helper()
+	err := client.CoreV1().Pods(pod.Namespace).Bind(ctx, &corev1.Binding{
+		ObjectMeta: metav1.ObjectMeta{Name: pod.Name, UID: pod.UID},
+		Target:     corev1.ObjectReference{Kind: "Node", Name: node},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("bind %s: %v", pod.Name, err)
+	}
+}
+
+func waitPhase(t *testing.T, ctx context.Context, client kubernetes.Interface, pod *corev1.Pod, phase corev1.PodPhase) *corev1.Pod {
+	t.Helper()
+	var got *corev1.Pod
+	err := Wait(ctx, 30*time.Second, func(ctx context.Context) (bool, error) {
+		p, err := client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		got = p
+		return p.Status.Phase == phase, nil
+	})
+	if err != nil {
+		t.Fatalf("pod %s did not reach %s (phase %q, message %q): %v", pod.Name, phase, got.Status.Phase, got.Status.Message, err)
+	}
+	return got
+}
+
+func TestPrepareRunCompleteUnprepare(t *testing.T) {
+	cp := framework.Shared(t)
+	client := cp.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ns := cp.CreateNamespace(t)
+	node := framework.UniqueName("sim-node")
+	plugin := &recordingPlugin{prepared: map[types.UID]int{}, unprepared: map[types.UID]int{}}
+	k := startNode(t, ctx, client, node, plugin)
+
+	claim := allocatedClaim(t, ctx, client, ns, "train-0-gpu", node)
+	pod, err := client.CoreV1().Pods(ns).Create(ctx, podWithClaim(ns, "train-0", claim.Name, map[string]string{AnnotationDuration: "1s"}), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reserve(t, ctx, client, claim, node, pod)
+	bind(t, ctx, client, pod, node)
+
+	running := waitPhase(t, ctx, client, pod, corev1.PodRunning)
+	if running.Status.StartTime == nil || len(running.Status.ContainerStatuses) != 1 || running.Status.ContainerStatuses[0].State.Running == nil {
+		t.Errorf("running pod status incomplete: %+v", running.Status)
+	}
+	waitPhase(t, ctx, client, pod, corev1.PodSucceeded)
+	err = Wait(ctx, 10*time.Second, func(context.Context) (bool, error) {
+		_, u := plugin.counts(claim.UID)
+		return u == 1, nil
+	})
+	if err != nil {
+		t.Fatalf("claim not unprepared after the pod succeeded")
+	}
+	if p, u := plugin.counts(claim.UID); p != 1 || u != 1 {
+		t.Errorf("plugin saw %d prepares and %d unprepares, want 1 and 1", p, u)
+	}
+	calls := k.Ledger().Calls()
+	if len(calls) != 2 || calls[0].Unprepare || !calls[1].Unprepare {
+		t.Fatalf("ledger = %+v, want one prepare then one unprepare", calls)
+	}
+	if want := fmt.Sprintf("test.example.com/gpu=%s-gpu-0", claim.UID); len(calls[0].CDIDevice) != 1 || calls[0].CDIDevice[0] != want {
+		t.Errorf("CDI IDs %v, want [%s]", calls[0].CDIDevice, want)
+	}
+	if out := k.Ledger().Outstanding(); len(out) != 0 {
+		t.Errorf("outstanding claims: %+v", out)
+	}
+}
+
+func TestPluginErrorFailsPodAndDeletionUnprepares(t *testing.T) {
+	cp := framework.Shared(t)
+	client := cp.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ns := cp.CreateNamespace(t)
+	node := framework.UniqueName("sim-node")
+	plugin := &recordingPlugin{prepared: map[types.UID]int{}, unprepared: map[types.UID]int{}, failClaim: "bad-gpu"}
+	startNode(t, ctx, client, node, plugin)
+
+	bad := allocatedClaim(t, ctx, client, ns, "bad-gpu", node)
+	badPod, err := client.CoreV1().Pods(ns).Create(ctx, podWithClaim(ns, "bad", bad.Name, nil), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reserve(t, ctx, client, bad, node, badPod)
+	bind(t, ctx, client, badPod, node)
+	failed := waitPhase(t, ctx, client, badPod, corev1.PodFailed)
+	if want := "device gpu-0 is broken"; !contains(failed.Status.Message, want) {
+		t.Errorf("failed pod message %q does not carry the plugin's error %q", failed.Status.Message, want)
+	}
+
+	good := allocatedClaim(t, ctx, client, ns, "good-gpu", node)
+	goodPod, err := client.CoreV1().Pods(ns).Create(ctx, podWithClaim(ns, "forever", good.Name, nil), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reserve(t, ctx, client, good, node, goodPod)
+	bind(t, ctx, client, goodPod, node)
+	waitPhase(t, ctx, client, goodPod, corev1.PodRunning)
+	if err := client.CoreV1().Pods(ns).Delete(ctx, goodPod.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// A graceful deletion completes only when the kubelet confirms it.
+	err = Wait(ctx, 30*time.Second, func(ctx context.Context) (bool, error) {
+		_, err := client.CoreV1().Pods(ns).Get(ctx, goodPod.Name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if err != nil {
+		t.Fatalf("pod deletion not finished by the simulated kubelet: %v", err)
+	}
+	if p, u := plugin.counts(good.UID); p != 1 || u != 1 {
+		t.Errorf("deleted pod's claim: %d prepares and %d unprepares, want 1 and 1", p, u)
+	}
+}
+
+func contains(s, sub string) bool { return strings.Contains(s, sub) }
