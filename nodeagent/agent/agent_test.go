@@ -509,5 +509,3 @@ func TestDegradesWithoutPartitionableDevices(t *testing.T) {
 		t.Fatalf("no Node events explaining the degradation: %v", err)
 	}
 }
-
-
