@@ -38,6 +38,39 @@ func BenchmarkPreferredWholeGPUs(b *testing.B) {
 	}
 }
 
+// BenchmarkPreferredWholeGPUs16 measures picks on a 16-GPU node, where
+// more than maxExactGPUs GPUs are available and the greedy pick runs.
+func BenchmarkPreferredWholeGPUs16(b *testing.B) {
+	m := newMock(b, 16)
+	setLinks(m, func(i int) int { return i % 4 }, func(i, j int) int {
+		if i%4 == j%4 {
+			return 2
+		}
+		return 0
+	})
+	_, ctx := ktesting.NewTestContext(b)
+	node, err := discovery.Discover(ctx, m)
+	if err != nil {
+		b.Fatal(err)
+	}
+	p, err := New(Options{GPUs: FromDiscovery(ctx, node.GPUs), NVML: m})
+	if err != nil {
+		b.Fatal(err)
+	}
+	r := p.resources[0]
+	all := ids(r.devices)
+	for _, tc := range []struct{ available, size int }{{16, 2}, {16, 4}, {16, 8}, {12, 4}, {12, 5}} {
+		b.Run(fmt.Sprintf("available=%d/size=%d", tc.available, tc.size), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if got, err := p.preferred(r, all[:tc.available], nil, tc.size); err != nil || len(got) != tc.size {
+					b.Fatalf("%v %v", got, err)
+				}
+			}
+		})
+	}
+}
+
 // BenchmarkPreferredReplicas measures a pick of 8 replicas from an 8-GPU
 // node with 16 replicas per GPU.
 func BenchmarkPreferredReplicas(b *testing.B) {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/NVIDIA/go-gpuallocator/gpuallocator"
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	mockserver "github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -18,13 +19,10 @@ import (
 // order gets wrong: two NVLink quads {0,2,5,7} and {1,3,4,6}, two links
 // between every pair of a quad and four between 0-5 and 3-6; the quads sit
 // on different CPUs (PCIe ancestor NODE inside a quad, SYSTEM across).
-// These are the NVML calls go-gpuallocator v0.6.0 makes (internal/links):
-// GetTopologyCommonAncestor, GetNvLinkState and GetNvLinkRemotePciInfo.
 func setTopology(t testing.TB, m *nvmlbackend.Mock) {
 	t.Helper()
-	gpus := m.GPUs()
-	if len(gpus) != 8 {
-		t.Fatalf("want 8 GPUs, have %d", len(gpus))
+	if n := len(m.GPUs()); n != 8 {
+		t.Fatalf("want 8 GPUs, have %d", n)
 	}
 	quad := func(i int) int {
 		if slices.Contains([]int{0, 2, 5, 7}, i) {
@@ -32,20 +30,31 @@ func setTopology(t testing.TB, m *nvmlbackend.Mock) {
 		}
 		return 1
 	}
-	links := func(i, j int) int {
+	setLinks(m, quad, func(i, j int) int {
 		switch {
-		case i == j || quad(i) != quad(j):
+		case quad(i) != quad(j):
 			return 0
 		case (i == 0 && j == 5) || (i == 5 && j == 0) || (i == 3 && j == 6) || (i == 6 && j == 3):
 			return 4
 		default:
 			return 2
 		}
-	}
+	})
+}
+
+// setLinks sets the NVML calls go-gpuallocator v0.6.0 makes
+// (internal/links): GetTopologyCommonAncestor (NODE within a CPU group,
+// SYSTEM across), GetNvLinkState and GetNvLinkRemotePciInfo (links(i, j)
+// NVLinks between GPUs i and j; links must be symmetric).
+func setLinks(m *nvmlbackend.Mock, cpu func(i int) int, links func(i, j int) int) {
+	gpus := m.GPUs()
 	for i, d := range gpus {
 		// remote[l] is the GPU at the far end of NVLink l.
 		var remote []*mockserver.Device
 		for j := range gpus {
+			if j == i {
+				continue
+			}
 			for n := 0; n < links(i, j); n++ {
 				remote = append(remote, gpus[j])
 			}
@@ -60,7 +69,7 @@ func setTopology(t testing.TB, m *nvmlbackend.Mock) {
 			if j < 0 {
 				return 0, nvml.ERROR_INVALID_ARGUMENT
 			}
-			if quad(j) == quad(i) {
+			if cpu(j) == cpu(i) {
 				return nvml.TOPOLOGY_NODE, nvml.SUCCESS
 			}
 			return nvml.TOPOLOGY_SYSTEM, nvml.SUCCESS
@@ -177,6 +186,48 @@ func TestPreferredAllocationFollowsNVLink(t *testing.T) {
 	}
 }
 
+// TestPreferredAllocationManyGPUs: above maxExactGPUs available GPUs the
+// picks are greedy over the same link scores. 16 GPUs in four NVLink quads
+// {q, q+4, q+8, q+12} (one CPU each), two links per pair, four between 5-9.
+func TestPreferredAllocationManyGPUs(t *testing.T) {
+	m := newMock(t, 16)
+	setLinks(m, func(i int) int { return i % 4 }, func(i, j int) int {
+		switch {
+		case i%4 != j%4:
+			return 0
+		case (i == 5 && j == 9) || (i == 9 && j == 5):
+			return 4
+		default:
+			return 2
+		}
+	})
+	c, uuids := preferredClient(t, m, Config{})
+	all := make([]int, 16)
+	for i := range all {
+		all[i] = i
+	}
+	without9 := slices.DeleteFunc(slices.Clone(all), func(i int) bool { return i == 9 })
+	for _, tc := range []struct {
+		name      string
+		available []int
+		must      []int
+		size      int
+		want      []string
+	}{
+		{"pair", all, nil, 2, []string{"5", "9"}},
+		{"quad with the 4-link pair", all, nil, 4, []string{"1", "13", "5", "9"}},
+		{"three with 14", all, []int{14}, 3, []string{"14", "2", "6"}},
+		{"quad without 9", without9, nil, 4, []string{"0", "12", "4", "8"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := indexes(t, uuids, askPreferred(t, c, pick(uuids, tc.available...), pick(uuids, tc.must...), tc.size))
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("picked GPUs %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
 // TestPreferredAllocationWithoutTopology: the mock backends of tessera-node
 // model no topology (go-nvml mocks panic on the calls); the plugin must not
 // crash and falls back to GPU index order.
@@ -232,4 +283,47 @@ func TestPreferredReplicas(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestGreedyAgreesWithBestEffort: on the 8-GPU topology, the greedy pick
+// used for large nodes finds the same sets as go-gpuallocator's exact
+// policy, which shows that pairScore reads the link types as it does.
+func TestGreedyAgreesWithBestEffort(t *testing.T) {
+	m := newMock(t, 8)
+	setTopology(t, m)
+	_, gpus := discover(t, m)
+	p := newPlugin(t, Options{GPUs: gpus, NVML: m})
+	if p.topo == nil || p.topo.err != nil {
+		t.Fatalf("topology not read: %+v", p.topo)
+	}
+	var avail []*gpuallocator.Device
+	for _, g := range gpus {
+		avail = append(avail, p.topo.byUUID[g.UUID])
+	}
+	for _, size := range []int{2, 4, 8} {
+		exact := p.topo.policy.Allocate(avail, nil, size)
+		greedy := greedyPick(avail, nil, size)
+		if !slices.Equal(sortedIndexes(exact), sortedIndexes(greedy)) {
+			t.Errorf("size %d: greedy %v, best-effort %v", size, sortedIndexes(greedy), sortedIndexes(exact))
+		}
+		if setScore(exact) != setScore(greedy) {
+			t.Errorf("size %d: scores differ: greedy %d, best-effort %d", size, setScore(greedy), setScore(exact))
+		}
+	}
+	// 0-5 has four NVLinks (400) and the same CPU (20).
+	if got := pairScore(p.topo.byUUID[gpus[0].UUID], p.topo.byUUID[gpus[5].UUID]); got != 420 {
+		t.Errorf("pair score of GPUs 0 and 5: %d, want 420", got)
+	}
+	if got := pairScore(p.topo.byUUID[gpus[0].UUID], p.topo.byUUID[gpus[1].UUID]); got != 10 {
+		t.Errorf("pair score of GPUs 0 and 1: %d, want 10 (cross-CPU, no NVLink)", got)
+	}
+}
+
+func sortedIndexes(devs []*gpuallocator.Device) []int {
+	var out []int
+	for _, d := range devs {
+		out = append(out, d.Index)
+	}
+	slices.Sort(out)
+	return out
 }

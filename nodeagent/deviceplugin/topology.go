@@ -2,6 +2,7 @@ package deviceplugin
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 
 	"github.com/NVIDIA/go-gpuallocator/gpuallocator"
@@ -69,7 +70,12 @@ func (t *topology) pick(available, required []string, size int) (picked []string
 	// go-gpuallocator walks the list in order; sort by index so that ties
 	// are broken the same way every time.
 	sort.Slice(avail, func(i, j int) bool { return avail[i].Index < avail[j].Index })
-	chosen := t.policy.Allocate(avail, req, size)
+	var chosen []*gpuallocator.Device
+	if len(avail) <= maxExactGPUs {
+		chosen = t.policy.Allocate(avail, req, size)
+	} else {
+		chosen = greedyPick(avail, req, size)
+	}
 	if len(chosen) != size {
 		return nil, false
 	}
@@ -89,4 +95,83 @@ func (t *topology) devices(uuids []string) ([]*gpuallocator.Device, bool) {
 		out = append(out, d)
 	}
 	return out, true
+}
+
+// maxExactGPUs bounds the available GPUs for which go-gpuallocator's
+// best-effort policy runs: it scores every partition of the available GPUs
+// into sets of the requested size, which takes at most tens of
+// milliseconds for 12 GPUs but seconds for 16 (BenchmarkPreferredWholeGPUs),
+// and the kubelet waits for the answer while admitting a pod.
+const maxExactGPUs = 12
+
+// greedyPick grows a set from each seed (the must-include GPUs, else every
+// single GPU) by adding the GPU with the highest link score to the set so
+// far, and keeps the best-scoring set. It uses go-gpuallocator's links and
+// pair scores but, unlike its best-effort policy, does not look at how well
+// the GPUs left over pair up.
+func greedyPick(avail, req []*gpuallocator.Device, size int) []*gpuallocator.Device {
+	if len(avail) < size {
+		return nil
+	}
+	var seeds [][]*gpuallocator.Device
+	if len(req) > 0 {
+		seeds = append(seeds, req)
+	} else {
+		for _, d := range avail {
+			seeds = append(seeds, []*gpuallocator.Device{d})
+		}
+	}
+	var best []*gpuallocator.Device
+	bestScore := -1
+	for _, seed := range seeds {
+		set := append([]*gpuallocator.Device(nil), seed...)
+		for len(set) < size {
+			var next *gpuallocator.Device
+			nextScore := -1
+			for _, d := range avail {
+				if slices.Contains(set, d) {
+					continue
+				}
+				score := 0
+				for _, s := range set {
+					score += pairScore(d, s)
+				}
+				if score > nextScore {
+					next, nextScore = d, score
+				}
+			}
+			set = append(set, next)
+		}
+		if score := setScore(set); score > bestScore {
+			best, bestScore = set, score
+		}
+	}
+	return best
+}
+
+func setScore(set []*gpuallocator.Device) int {
+	score := 0
+	for i := range set {
+		for j := i + 1; j < len(set); j++ {
+			score += pairScore(set[i], set[j])
+		}
+	}
+	return score
+}
+
+// pairScore is go-gpuallocator v0.6.0's pair score (calculateGPUPairScore,
+// unexported): per link, 10 to 60 for PCIe paths from cross-CPU to same
+// board and 100 per NVLink. Its link types are an ordered enum in an
+// internal package: 1-6 the PCIe levels, 7 and up one to eighteen NVLinks.
+func pairScore(a, b *gpuallocator.Device) int {
+	score := 0
+	for _, l := range a.Links[b.Index] {
+		switch t := int(l.Type); {
+		case t >= 1 && t <= 6:
+			score += 10 * t
+		case t >= 7:
+			score += 100 * (t - 6)
+		}
+	}
+	return score
 }
