@@ -30,8 +30,8 @@ func BenchmarkPreferredWholeGPUs(b *testing.B) {
 		b.Run(fmt.Sprintf("size=%d", size), func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				if got, err := p.preferred(r, all, nil, size); err != nil || len(got) != size {
-					b.Fatalf("%v %v", got, err)
+				if got, unknown := p.preferred(r, all, nil, size); len(unknown) > 0 || len(got) != size {
+					b.Fatalf("%v %v", got, unknown)
 				}
 			}
 		})
@@ -63,8 +63,8 @@ func BenchmarkPreferredWholeGPUs16(b *testing.B) {
 		b.Run(fmt.Sprintf("available=%d/size=%d", tc.available, tc.size), func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				if got, err := p.preferred(r, all[:tc.available], nil, tc.size); err != nil || len(got) != tc.size {
-					b.Fatalf("%v %v", got, err)
+				if got, unknown := p.preferred(r, all[:tc.available], nil, tc.size); len(unknown) > 0 || len(got) != tc.size {
+					b.Fatalf("%v %v", got, unknown)
 				}
 			}
 		})
@@ -90,8 +90,8 @@ func BenchmarkPreferredReplicas(b *testing.B) {
 		b.Run(string(policy), func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				if got, err := p.preferred(r, all, nil, 8); err != nil || len(got) != 8 {
-					b.Fatalf("%v %v", got, err)
+				if got, unknown := p.preferred(r, all, nil, 8); len(unknown) > 0 || len(got) != 8 {
+					b.Fatalf("%v %v", got, unknown)
 				}
 			}
 		})

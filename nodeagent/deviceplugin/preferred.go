@@ -2,11 +2,8 @@ package deviceplugin
 
 import (
 	"context"
-	"fmt"
 	"sort"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
@@ -14,14 +11,18 @@ import (
 // GetPreferredAllocation answers, per container, which of the available
 // devices to take: for whole GPUs the best NVLink-connected set
 // (go-gpuallocator), for time-sliced replicas spread or pack, for MIG devices
-// GPU and placement order. The kubelet may still choose otherwise.
+// GPU and placement order. The answer is advice (the kubelet intersects it
+// with what is available and falls back to its own choice), while an error
+// fails the pod's admission; so device IDs this plugin does not know (say,
+// from a checkpoint of the kubelet written before the plugin's devices
+// changed) are passed through or left out and logged, never an error.
 func (s *server) GetPreferredAllocation(ctx context.Context, req *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
 	logger := klog.FromContext(s.p.ctx).WithValues("resource", s.res.name)
 	resp := &pluginapi.PreferredAllocationResponse{}
 	for _, cr := range req.GetContainerRequests() {
-		ids, err := s.p.preferred(s.res, cr.GetAvailableDeviceIDs(), cr.GetMustIncludeDeviceIDs(), int(cr.GetAllocationSize()))
-		if err != nil {
-			return nil, status.Errorf(codes.InvalidArgument, "preferred allocation of %s: %v", s.res.name, err)
+		ids, unknown := s.p.preferred(s.res, cr.GetAvailableDeviceIDs(), cr.GetMustIncludeDeviceIDs(), int(cr.GetAllocationSize()))
+		if len(unknown) > 0 {
+			logger.Info("Preferred allocation request names devices this plugin does not serve", "unknown", unknown)
 		}
 		logger.V(3).Info("Preferred allocation", "size", cr.GetAllocationSize(), "available", len(cr.GetAvailableDeviceIDs()), "devices", ids)
 		resp.ContainerResponses = append(resp.ContainerResponses, &pluginapi.ContainerPreferredAllocationResponse{DeviceIDs: ids})
@@ -30,45 +31,41 @@ func (s *server) GetPreferredAllocation(ctx context.Context, req *pluginapi.Pref
 }
 
 // preferred picks size device IDs of r from available, must-include first.
-func (p *Plugin) preferred(r *resource, available, must []string, size int) ([]string, error) {
-	if size < 0 {
-		return nil, fmt.Errorf("allocation size %d is negative", size)
-	}
-	inAvail := map[string]bool{}
-	var avail []*advertised
-	for _, id := range available {
-		a, ok := r.byID[id]
-		if !ok {
-			return nil, fmt.Errorf("available device %q is not a device of this resource", id)
-		}
-		if !inAvail[id] {
-			inAvail[id] = true
-			avail = append(avail, a)
-		}
-	}
+// Unknown must-include IDs are kept (the kubelet has them allocated
+// already), unknown available IDs are not picked; both are returned in
+// unknown. With too few devices it returns what there is.
+func (p *Plugin) preferred(r *resource, available, must []string, size int) (picked, unknown []string) {
 	var req []*advertised
+	var keep []string // must-include IDs, known or not, in the kubelet's order
 	inReq := map[string]bool{}
 	for _, id := range must {
+		if inReq[id] {
+			continue
+		}
+		inReq[id] = true
+		keep = append(keep, id)
+		if a, ok := r.byID[id]; ok {
+			req = append(req, a)
+		} else {
+			unknown = append(unknown, id)
+		}
+	}
+	if len(keep) >= size {
+		return keep, unknown
+	}
+	var free []*advertised
+	seen := map[string]bool{}
+	for _, id := range available {
+		if seen[id] || inReq[id] {
+			continue
+		}
+		seen[id] = true
 		a, ok := r.byID[id]
 		if !ok {
-			return nil, fmt.Errorf("must-include device %q is not a device of this resource", id)
+			unknown = append(unknown, id)
+			continue
 		}
-		if !inReq[id] {
-			inReq[id] = true
-			req = append(req, a)
-		}
-	}
-	if len(req) >= size {
-		return ids(req), nil
-	}
-	free := make([]*advertised, 0, len(avail))
-	for _, a := range avail {
-		if !inReq[a.id] {
-			free = append(free, a)
-		}
-	}
-	if len(req)+len(free) < size {
-		return nil, fmt.Errorf("%d devices requested but only %d available", size, len(req)+len(free))
+		free = append(free, a)
 	}
 	// Present the candidates in the resource's order (GPU index, MIG
 	// placement, replica number), whatever order the kubelet sent.
@@ -77,16 +74,34 @@ func (p *Plugin) preferred(r *resource, available, must []string, size int) ([]s
 		order[a.id] = i
 	}
 	sort.Slice(free, func(i, j int) bool { return order[free[i].id] < order[free[j].id] })
-
+	want := size - (len(keep) - len(req)) // devices to pick besides unknown must-includes
+	if len(req)+len(free) <= want {
+		return append(keep, ids(free)...), unknown
+	}
+	var chosen []*advertised
 	switch {
 	case r.replicated:
-		return ids(pickReplicas(p.cfg.TimeSlicing.Policy, free, req, size)), nil
+		chosen = pickReplicas(p.cfg.TimeSlicing.Policy, free, req, want)
 	case r.whole:
-		if picked, ok := p.topo.pick(ids(append(append([]*advertised(nil), req...), free...)), ids(req), size); ok {
-			return picked, nil
+		if topoPicked, ok := p.topo.pick(ids(append(append([]*advertised(nil), req...), free...)), ids(req), want); ok {
+			return append(unknownOnly(keep, r), topoPicked...), unknown
+		}
+		fallthrough
+	default:
+		chosen = append(append([]*advertised(nil), req...), free[:want-len(req)]...)
+	}
+	return append(unknownOnly(keep, r), ids(chosen)...), unknown
+}
+
+// unknownOnly keeps the IDs that r does not serve.
+func unknownOnly(list []string, r *resource) []string {
+	var out []string
+	for _, id := range list {
+		if _, ok := r.byID[id]; !ok {
+			out = append(out, id)
 		}
 	}
-	return ids(append(req, free[:size-len(req)]...)), nil
+	return out
 }
 
 // pickReplicas extends req to size replicas from free (in resource order)

@@ -179,10 +179,21 @@ func TestPreferredAllocationFollowsNVLink(t *testing.T) {
 			}
 		})
 	}
-	if _, err := c.GetPreferredAllocation(t.Context(), &pluginapi.PreferredAllocationRequest{
-		ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{AvailableDeviceIDs: append(all, "GPU-nope"), AllocationSize: 1}},
-	}); err == nil || !strings.Contains(err.Error(), "GPU-nope") {
-		t.Errorf("unknown available device: %v, want an error naming it", err)
+	// Devices the plugin does not serve (e.g. from a kubelet checkpoint
+	// older than the plugin's device list) never fail the pod's admission:
+	// unknown available devices are not picked, unknown must-include ones
+	// are kept.
+	got := askPreferred(t, c, append([]string{"GPU-gone"}, all...), nil, 2)
+	if g := indexes(t, uuids, got); !slices.Equal(g, []string{"0", "5"}) {
+		t.Errorf("with an unknown available device: picked %v, want [0 5]", g)
+	}
+	got = askPreferred(t, c, append([]string{"GPU-gone"}, all...), []string{"GPU-gone"}, 3)
+	if len(got) != 3 || got[0] != "GPU-gone" || !slices.Equal(indexes(t, uuids, got[1:]), []string{"0", "5"}) {
+		t.Errorf("with an unknown must-include device: picked %v, want GPU-gone then GPUs 0 and 5", got)
+	}
+	// Fewer devices than asked: all of them, the kubelet decides.
+	if got := indexes(t, uuids, askPreferred(t, c, pick(uuids, 4, 1), nil, 3)); !slices.Equal(got, []string{"1", "4"}) {
+		t.Errorf("too few available: %v, want [1 4]", got)
 	}
 }
 
