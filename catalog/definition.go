@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
@@ -283,3 +284,16 @@ func expandPath(p string) ([]string, error) {
 // ExpandPath lists the YAML and JSON files of a file or directory, for callers that
 // read manifests the same way definitions are read.
 func ExpandPath(p string) ([]string, error) { return expandPath(p) }
+
+// DefinitionFromObject reads a WorkloadDefinition object from the cluster.
+func DefinitionFromObject(u *unstructured.Unstructured) (*Definition, error) {
+	data, err := u.MarshalJSON()
+	if err != nil {
+		return nil, fmt.Errorf("WorkloadDefinition %s: %w", u.GetName(), err)
+	}
+	d, err := parseDefinition(data, "WorkloadDefinition "+u.GetName(), 0, SourceCluster)
+	if err != nil {
+		return nil, err
+	}
+	return d, nil
+}

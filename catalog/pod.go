@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -103,12 +104,7 @@ func (cd *compiled) matchPod(ctx context.Context, w *Workload, pod map[string]an
 			if err != nil {
 				return nil, err
 			}
-			id := str(v)
-			for _, e := range entries[comp.name] {
-				if e.Instance == id {
-					entry = e
-				}
-			}
+			entry = matchInstance(entries[comp.name], str(v))
 			if entry == nil {
 				continue
 			}
@@ -191,4 +187,31 @@ func (cd *compiled) podGang(ctx context.Context, w *Workload, pm *PodMatch, pod 
 		}
 	}
 	return nil, nil
+}
+
+// matchInstance finds the entry for an instance id read from a pod: exactly, then
+// ignoring case (operators lower-case names into labels), then as the last
+// dash-separated part of the value (operators prefix names: Grove labels a pod
+// with its PodClique "<set>-<replica>-<clique>"); the longest such match wins.
+func matchInstance(entries []*Component, id string) *Component {
+	if id == "" {
+		return nil
+	}
+	for _, e := range entries {
+		if e.Instance == id {
+			return e
+		}
+	}
+	for _, e := range entries {
+		if strings.EqualFold(e.Instance, id) {
+			return e
+		}
+	}
+	var best *Component
+	for _, e := range entries {
+		if e.Instance != "" && strings.HasSuffix(id, "-"+e.Instance) && (best == nil || len(e.Instance) > len(best.Instance)) {
+			best = e
+		}
+	}
+	return best
 }

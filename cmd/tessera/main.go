@@ -26,5 +26,6 @@ func newRootCommand() *cobra.Command {
 		SilenceErrors: true,
 	}
 	cmd.AddCommand(newSandboxCommand())
+	cmd.AddCommand(newMapCommand(), newCatalogCommand())
 	return cmd
 }
