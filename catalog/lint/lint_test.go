@@ -26,7 +26,7 @@ func TestReadPaths(t *testing.T) {
 		`.spec.services // {} | to_entries[] | .value.replicas`: {
 			".spec", ".spec.services", ".spec.services[*]", ".spec.services[*].replicas"},
 		`def f: .a; .spec | f`: {".spec", ".spec.a"},
-		`"1"`: {},
+		`"1"`:                  {},
 	}
 	for src, want := range cases {
 		ps, err := readPaths(src)
