@@ -3,16 +3,19 @@ package deviceplugin
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 	"k8s.io/klog/v2/ktesting"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
@@ -59,9 +62,27 @@ type registrationServer struct {
 	k *fakeKubelet
 }
 
-func (r registrationServer) Register(_ context.Context, req *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
-	if req.Version != pluginapi.Version {
+// Register does what the kubelet's registration server does
+// (pkg/kubelet/cm/devicemanager/plugin/v1beta1): check the version, then,
+// before answering, dial the plugin's endpoint and ask for its options, so
+// that a plugin that registers before it serves fails to register.
+func (r registrationServer) Register(ctx context.Context, req *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
+	if !slices.Contains(pluginapi.SupportedVersions[:], req.Version) {
 		return nil, errors.New("unsupported version " + req.Version)
+	}
+	conn, err := grpc.NewClient("unix://"+filepath.Join(r.k.dir, req.Endpoint), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = conn.Close() }()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	opts, err := pluginapi.NewDevicePluginClient(conn).GetDevicePluginOptions(ctx, &pluginapi.Empty{})
+	if err != nil {
+		return nil, fmt.Errorf("connecting to device plugin %s: %w", req.Endpoint, err)
+	}
+	if !proto.Equal(opts, req.Options) {
+		return nil, fmt.Errorf("plugin options %v differ from the registration's %v", opts, req.Options)
 	}
 	r.k.registrations <- req
 	return &pluginapi.Empty{}, nil

@@ -25,8 +25,10 @@ import (
 	"github.com/tessera-gpu/tessera/nodeagent/health"
 )
 
-// registerTimeout bounds one Register call; the kubelet answers at once.
-const registerTimeout = 10 * time.Second
+// registerTimeout bounds one Register call. The kubelet dials the plugin
+// back and asks for its options before it answers, allowing itself 10s for
+// the dial.
+const registerTimeout = 30 * time.Second
 
 // Plugin serves every resource of the selected GPUs; Run drives it.
 type Plugin struct {

@@ -402,3 +402,42 @@ func TestRunFailsWithoutPluginDir(t *testing.T) {
 		t.Fatal("second Run: want an error")
 	}
 }
+
+// TestNUMATopology: a GPU's NUMA node from sysfs reaches the kubelet as
+// TopologyInfo (for the topology manager); -1 or no entry means none.
+func TestNUMATopology(t *testing.T) {
+	m := newMock(t, 3)
+	node, _ := discover(t, m)
+	sysfs := t.TempDir()
+	old := sysfsPCIDevices
+	sysfsPCIDevices = sysfs
+	t.Cleanup(func() { sysfsPCIDevices = old })
+	for i, numa := range []string{"1\n", "-1\n"} { // GPU 2 has no entry
+		// NVML's 8-digit PCI domain becomes sysfs's 4 digits, lower case.
+		id := strings.ToLower(node.GPUs[i].PCIBusID)
+		if d, rest, _ := strings.Cut(id, ":"); len(d) == 8 {
+			id = d[4:] + ":" + rest
+		}
+		if err := os.MkdirAll(filepath.Join(sysfs, id), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(sysfs, id, "numa_node"), []byte(numa), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, ctx := ktesting.NewTestContext(t)
+	gpus := FromDiscovery(ctx, node.GPUs)
+	if node.GPUs[0].PCIBusID == "" || gpus[0].NUMANode == nil || *gpus[0].NUMANode != 1 || gpus[1].NUMANode != nil || gpus[2].NUMANode != nil {
+		t.Fatalf("NUMA nodes from sysfs for bus IDs %q: %v %v %v", node.GPUs[0].PCIBusID, gpus[0].NUMANode, gpus[1].NUMANode, gpus[2].NUMANode)
+	}
+	dir := shortTempDir(t)
+	k := startFakeKubelet(t, dir)
+	runPlugin(t, newPlugin(t, Options{Config: Config{PluginDir: dir}, GPUs: gpus}))
+	devs := nextList(t, k.watch(t.Context(), k.nextRegistration().Endpoint))
+	if got := devs[0].GetTopology().GetNodes(); len(got) != 1 || got[0].ID != 1 {
+		t.Errorf("GPU 0 topology %v, want NUMA node 1", devs[0].Topology)
+	}
+	if devs[1].Topology != nil || devs[2].Topology != nil {
+		t.Errorf("GPUs 1 and 2 report topology %v %v, want none", devs[1].Topology, devs[2].Topology)
+	}
+}
