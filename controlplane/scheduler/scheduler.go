@@ -38,7 +38,7 @@ import (
 
 // LeaderElection configures the Lease-based election.
 type LeaderElection struct {
-	Namespace, Name, Identity                string
+	Namespace, Name, Identity                 string
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 }
 
