@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-gpu/tessera/catalog/api/v1alpha1"
@@ -209,8 +210,17 @@ func parseDefinition(doc []byte, file string, index int, source string) (*Defini
 			tm.APIVersion, tm.Kind, gvkString(EnvelopeKarta), gvkString(EnvelopeResourceInterface), gvkString(EnvelopeWorkloadDefinition)))
 	}
 	var env envelope
-	if err := yaml.UnmarshalStrict(doc, &env); err != nil {
+	js, err := yaml.YAMLToJSON(doc)
+	if err != nil {
+		return nil, fail(fmt.Errorf("not a YAML object: %w", err))
+	}
+	// Strict decoding names a misspelt or unknown field by its full path.
+	strict, err := kjson.UnmarshalStrict(js, &env)
+	if err != nil {
 		return nil, &Error{File: file, Doc: index, Definition: env.Metadata.Name, Err: err}
+	}
+	if len(strict) > 0 {
+		return nil, &Error{File: file, Doc: index, Definition: env.Metadata.Name, Err: errors.Join(strict...)}
 	}
 	return &Definition{
 		Name:        env.Metadata.Name,
