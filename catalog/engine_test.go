@@ -363,4 +363,3 @@ func TestMatchPod(t *testing.T) {
 		})
 	}
 }
-
