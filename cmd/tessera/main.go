@@ -25,7 +25,7 @@ func newRootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	cmd.AddCommand(newSandboxCommand())
+	cmd.AddCommand(newSandboxCommand(), newTopCommand(), newGetCommand())
 	cmd.AddCommand(newMapCommand(), newCatalogCommand())
 	return cmd
 }

@@ -1,0 +1,210 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/tessera-gpu/tessera/controlplane/overview"
+)
+
+// kubeFlags resolves a client config the way kubectl does: --kubeconfig, then
+// $KUBECONFIG, then ~/.kube/config, then in-cluster.
+type kubeFlags struct {
+	kubeconfig string
+	context    string
+}
+
+func (k *kubeFlags) register(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&k.kubeconfig, "kubeconfig", "", "path to a kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
+	cmd.Flags().StringVar(&k.context, "context", "", "kubeconfig context to use")
+}
+
+func (k *kubeFlags) config() (*rest.Config, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = k.kubeconfig
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: k.context}).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig: %w", err)
+	}
+	return cfg, nil
+}
+
+func newTopCommand() *cobra.Command {
+	var (
+		kube     kubeFlags
+		once     bool
+		interval time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "top",
+		Short: "Live view of GPUs per node, queue usage against quota, and gangs with why they wait",
+		Long: `top refreshes every second: per node a bar of its GPUs (whole, MIG slices and
+shares in use), per queue usage against quota and limit, gangs pending (with the
+scheduler's reason) and running, and totals. When standard output is not a
+terminal, or with --once, it prints one plain-text frame and exits.`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := kube.config()
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			fd := -1
+			if f, ok := out.(*os.File); ok {
+				fd = int(f.Fd())
+			}
+			tty := fd >= 0 && term.IsTerminal(fd)
+			if once || !tty {
+				c, err := overview.Fetch(cmd.Context(), cfg, time.Now())
+				if err != nil {
+					return err
+				}
+				overview.Render(out, c, overview.Style{})
+				return nil
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			ticker := time.NewTicker(interval)
+			defer ticker.Stop()
+			for {
+				width, _, _ := term.GetSize(fd)
+				var frame bytes.Buffer
+				c, err := overview.Fetch(ctx, cfg, time.Now())
+				if err != nil {
+					if ctx.Err() != nil {
+						return nil
+					}
+					fmt.Fprintf(&frame, "tessera top: %v\n", err)
+				} else {
+					overview.Render(&frame, c, overview.Style{Color: true, Width: width})
+				}
+				// Home the cursor, draw, and clear what the last frame left below.
+				fmt.Fprint(out, "\x1b[H\x1b[2J")
+				_, _ = out.Write(frame.Bytes())
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-ticker.C:
+				}
+			}
+		},
+	}
+	kube.register(cmd)
+	cmd.Flags().BoolVar(&once, "once", false, "print one frame as plain text and exit")
+	cmd.Flags().DurationVar(&interval, "interval", time.Second, "refresh interval")
+	return cmd
+}
+
+func newGetCommand() *cobra.Command {
+	var (
+		kube   kubeFlags
+		output string
+	)
+	cmd := &cobra.Command{
+		Use:       "get queues|gangs|gpus",
+		Short:     "Print queues, gangs or GPUs for scripts (-o json) or people (table)",
+		Args:      cobra.ExactArgs(1),
+		ValidArgs: []string{"queues", "gangs", "gpus"},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if output != "table" && output != "json" {
+				return fmt.Errorf("--output %q: must be table or json", output)
+			}
+			what := args[0]
+			if what != "queues" && what != "gangs" && what != "gpus" {
+				return fmt.Errorf("unknown resource %q: want queues, gangs or gpus", what)
+			}
+			cfg, err := kube.config()
+			if err != nil {
+				return err
+			}
+			c, err := overview.Fetch(cmd.Context(), cfg, time.Now())
+			if err != nil {
+				return err
+			}
+			return printGet(cmd.OutOrStdout(), what, output, c)
+		},
+	}
+	kube.register(cmd)
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
+	return cmd
+}
+
+// gpuRow is one GPU in `tessera get gpus`.
+type gpuRow struct {
+	Node string `json:"node"`
+	overview.GPU
+}
+
+func printGet(w io.Writer, what, output string, c overview.Cluster) error {
+	var data any
+	switch what {
+	case "queues":
+		data = nonNil(c.Queues)
+	case "gangs":
+		data = nonNil(c.Gangs)
+	case "gpus":
+		rows := []gpuRow{}
+		for _, n := range c.Nodes {
+			for _, g := range n.GPUs {
+				rows = append(rows, gpuRow{Node: n.Name, GPU: g})
+			}
+		}
+		data = rows
+	}
+	if output == "json" {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(data)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	switch rows := data.(type) {
+	case []overview.Queue:
+		fmt.Fprintln(tw, "NAME\tPARENT\tALLOCATED\tREQUESTED\tQUOTA\tLIMIT\tWEIGHT")
+		for _, q := range rows {
+			fmt.Fprintf(tw, "%s\t%s\t%g\t%g\t%s\t%s\t%d\n", q.Name, dash(q.Parent), q.Allocated, q.Requested, optFloat(q.Quota), optFloat(q.Limit), q.Weight)
+		}
+	case []overview.Gang:
+		fmt.Fprintln(tw, "NAMESPACE\tNAME\tQUEUE\tPHASE\tMIN\tBOUND\tRUNNING\tWAITING\tREASON")
+		for _, g := range rows {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d/%d\t%d\t%s\t%s\n", g.Namespace, g.Name, dash(g.Queue), g.Phase, g.MinMember, g.Scheduled, g.Members, g.Running, g.Waiting, g.Reason)
+		}
+	case []gpuRow:
+		fmt.Fprintln(tw, "NODE\tGPU\tPRODUCT\tMODE\tUSED\tDETAIL\tHEALTHY\tCLAIMS")
+		for _, g := range rows {
+			fmt.Fprintf(tw, "%s\tgpu-%d\t%s\t%s\t%.2f\t%s\t%t\t%d\n", g.Node, g.Minor, g.Product, g.Mode, g.Used, dash(g.Detail), !g.Tainted, len(g.Claims))
+		}
+	}
+	return tw.Flush()
+}
+
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func optFloat(v *float64) string {
+	if v == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%g", *v)
+}
