@@ -247,6 +247,14 @@ type claimConfig struct {
 
 var allocMu sync.Mutex
 
+// release deletes a claim so that its devices can be allocated again.
+func (e *env) release(c *resourceapi.ResourceClaim) {
+	e.t.Helper()
+	if err := e.client.ResourceV1().ResourceClaims(c.Namespace).Delete(e.ctx, c.Name, metav1.DeleteOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
 func (e *env) allocate(claim *resourceapi.ResourceClaim) *resourceapi.ResourceClaim {
 	e.t.Helper()
 	// Allocation must see earlier allocations: serialize it like a scheduler.
@@ -334,6 +342,7 @@ func (l classLister) Get(name string) (*resourceapi.DeviceClass, error) {
 // socket first, then the DRA socket it names.
 type kubelet struct {
 	info *registerapi.PluginInfo
+	conn *grpc.ClientConn
 	dra  drapb.DRAPluginClient
 }
 
@@ -366,7 +375,7 @@ func (e *env) kubelet() *kubelet {
 		e.t.Fatal(err)
 	}
 	e.t.Cleanup(func() { _ = draConn.Close() })
-	return &kubelet{info: info, dra: drapb.NewDRAPluginClient(draConn)}
+	return &kubelet{info: info, conn: draConn, dra: drapb.NewDRAPluginClient(draConn)}
 }
 
 func (k *kubelet) prepare(t testing.TB, ctx context.Context, claims ...*resourceapi.ResourceClaim) map[string]*drapb.NodePrepareResourceResponse {

@@ -164,15 +164,19 @@ func (p *Plugin) plan(ctx context.Context, claim *resourceapi.ResourceClaim) (*c
 	if err != nil {
 		return nil, fmt.Errorf("claim %s: %w", ref, err)
 	}
+	used := make([]bool, len(configs))
 	for _, r := range alloc.Devices.Results {
 		if r.Driver != DriverName {
 			continue
 		}
-		d, err := p.planDevice(r, configs)
+		d, err := p.planDevice(r, configs, used)
 		if err != nil {
 			return nil, fmt.Errorf("claim %s: request %q: device %s: %w", ref, r.Request, r.Device, err)
 		}
 		rec.Devices = append(rec.Devices, d)
+	}
+	if err := unusedConfig(configs, used); err != nil {
+		return nil, fmt.Errorf("claim %s: %w", ref, err)
 	}
 	if err := p.guard(rec); err != nil {
 		return nil, err
@@ -238,26 +242,35 @@ func decodeConfigs(in []resourceapi.DeviceAllocationConfiguration) ([]opaqueConf
 	return out, nil
 }
 
-// configFor returns the last config of the wanted kind for the request. A
-// config of the other kind that names the request explicitly is an error.
-func configFor(configs []opaqueConfig, request, wantKind string) (configapi.Config, error) {
+// configFor returns the last config of the wanted kind that applies to the
+// request, and marks it used.
+func configFor(configs []opaqueConfig, used []bool, request, wantKind string) configapi.Config {
 	var found configapi.Config
-	for _, c := range configs {
-		if !c.appliesTo(request) {
-			continue
+	for i, c := range configs {
+		if c.appliesTo(request) && c.config.ConfigKind() == wantKind {
+			found = c.config
+			used[i] = true
 		}
-		if c.config.ConfigKind() != wantKind {
-			if len(c.requests) > 0 {
-				return nil, fmt.Errorf("status.allocation.devices.config[%d]: a %s cannot configure this device, it needs a %s", c.index, c.config.ConfigKind(), wantKind)
-			}
-			continue
-		}
-		found = c.config
 	}
-	return found, nil
+	return found
 }
 
-func (p *Plugin) planDevice(r resourceapi.DeviceRequestAllocationResult, configs []opaqueConfig) (checkpoint.Device, error) {
+// unusedConfig reports a config that configures none of the claim's devices:
+// a GpuConfig for a claim without GPUs or shares, a MigDeviceConfig without
+// MIG devices. That is a mistake to report, not to ignore. (Whether a config
+// names a request explicitly cannot decide it: the allocator drops the
+// request list of a config that applies to every request of the claim.)
+func unusedConfig(configs []opaqueConfig, used []bool) error {
+	for i, c := range configs {
+		if !used[i] {
+			return fmt.Errorf("status.allocation.devices.config[%d] (from %s): the %s configures none of the claim's devices (requests %v); a GpuConfig configures GPUs and shares, a MigDeviceConfig MIG devices",
+				c.index, c.source, c.config.ConfigKind(), c.requests)
+		}
+	}
+	return nil
+}
+
+func (p *Plugin) planDevice(r resourceapi.DeviceRequestAllocationResult, configs []opaqueConfig, used []bool) (checkpoint.Device, error) {
 	d := checkpoint.Device{Requests: []string{r.Request}, Pool: r.Pool, Device: r.Device, ShareID: r.ShareID}
 	target, err := p.node.Lookup(r.Device)
 	if err != nil {
@@ -270,14 +283,12 @@ func (p *Plugin) planDevice(r resourceapi.DeviceRequestAllocationResult, configs
 		if target.Name.Kind == devicename.KindShared {
 			d.Kind = checkpoint.KindShared
 		}
-		cfg, err := configFor(configs, r.Request, configapi.GpuConfigKind)
-		if err != nil {
-			return d, err
-		}
+		cfg := configFor(configs, used, r.Request, configapi.GpuConfigKind)
 		var gc *configapi.GpuConfig
 		if cfg != nil {
 			gc = cfg.(*configapi.GpuConfig)
 		}
+		var err error
 		d.Sharing, err = gpuSharing(d, gc, r.ConsumedCapacity)
 		if err != nil {
 			return d, err
@@ -303,11 +314,7 @@ func (p *Plugin) planDevice(r resourceapi.DeviceRequestAllocationResult, configs
 			Start:       uint32(target.Placement.Start),
 			Size:        uint32(target.Placement.Size),
 		}
-		cfg, err := configFor(configs, r.Request, configapi.MigDeviceConfigKind)
-		if err != nil {
-			return d, err
-		}
-		if cfg != nil {
+		if cfg := configFor(configs, used, r.Request, configapi.MigDeviceConfigKind); cfg != nil {
 			if s := cfg.(*configapi.MigDeviceConfig).Sharing; s != nil {
 				d.Sharing = &checkpoint.Sharing{Strategy: string(configapi.MPSStrategy)}
 				applyMPSLimits(d.Sharing, s.MPS)
