@@ -219,6 +219,12 @@ func gpuClaim(ns, name string) *resourceapi.ResourceClaim { return fixture.GPUCl
 // startScheduler runs a scheduler until the test ends (or stop is called).
 func (e *env) startScheduler(opts scheduler.Options) (stop func()) {
 	e.t.Helper()
+	_, stop = e.startSchedulerInstance(opts)
+	return stop
+}
+
+func (e *env) startSchedulerInstance(opts scheduler.Options) (*scheduler.Scheduler, func()) {
+	e.t.Helper()
 	s, err := scheduler.New(e.cp.Config, opts)
 	if err != nil {
 		e.t.Fatal(err)
@@ -227,7 +233,7 @@ func (e *env) startScheduler(opts scheduler.Options) (stop func()) {
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
 	var once sync.Once
-	stop = func() {
+	stop := func() {
 		once.Do(func() {
 			cancel()
 			if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
@@ -236,7 +242,7 @@ func (e *env) startScheduler(opts scheduler.Options) (stop func()) {
 		})
 	}
 	e.t.Cleanup(stop)
-	return stop
+	return s, stop
 }
 
 // pods returns the test namespace's pods by name.

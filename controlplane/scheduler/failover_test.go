@@ -1,0 +1,246 @@
+package scheduler_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/tessera-gpu/tessera/controlplane/fixture"
+	"github.com/tessera-gpu/tessera/controlplane/scheduler"
+)
+
+// TestCrashMidCommitIsRolledBack: the commit of a 16-pod gang is killed after 5 claim writes.
+// Those claims are allocated for pods that are not bound. A restarted scheduler rolls them
+// back and then binds the whole gang.
+func TestCrashMidCommitIsRolledBack(t *testing.T) {
+	e := newEnv(t)
+	e.addNode("a", 8, false, nil)
+	e.addNode("b", 8, false, nil)
+	q := e.addQueue("q", "", "", "", 1)
+	pods := e.gang("g", q, 16, gpuClaim)
+
+	var crashed atomic.Bool
+	opts := defaultOptions()
+	opts.Parallelism = 1 // claim writes one at a time: exactly 5 reach the API
+	opts.Hooks.BeforeClaimWrite = func(n int) error {
+		if n == 5 {
+			crashed.Store(true)
+			return errors.New("killed")
+		}
+		return nil
+	}
+	stop := e.startScheduler(opts)
+	if err := wait.PollUntilContextTimeout(e.ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		return crashed.Load(), nil
+	}); err != nil {
+		t.Fatal("the commit never reached the crash point")
+	}
+	stop()
+
+	if n := e.boundCount(pods); n != 0 {
+		t.Fatalf("%d pods bound by the crashed commit", n)
+	}
+	if n := len(e.halfCommitted()); n != 5 {
+		t.Fatalf("%d claims allocated for unbound pods after the crash, want 5", n)
+	}
+
+	e.startScheduler(defaultOptions())
+	e.waitBound(pods, 60*time.Second)
+	if stale := e.halfCommitted(); len(stale) > 0 {
+		t.Fatalf("claims still reserved for unbound pods: %v", stale)
+	}
+	e.checkClaims()
+	e.checkClaimsOnPodNodes()
+}
+
+// halfCommitted lists claims reserved for pods that are not bound.
+func (e *env) halfCommitted() []string {
+	e.t.Helper()
+	pods := map[string]*v1.Pod{}
+	for _, p := range e.pods() {
+		pods[string(p.UID)] = p
+	}
+	claims, err := e.kube.ResourceV1().ResourceClaims(e.ns).List(e.ctx, metav1.ListOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var out []string
+	for _, c := range claims.Items {
+		for _, r := range c.Status.ReservedFor {
+			if p := pods[string(r.UID)]; p != nil && p.Spec.NodeName == "" {
+				out = append(out, c.Name)
+			}
+		}
+	}
+	return out
+}
+
+// checkClaimsOnPodNodes: every claim reserved for a pod is allocated on the pod's node.
+func (e *env) checkClaimsOnPodNodes() {
+	e.t.Helper()
+	pods := map[string]*v1.Pod{}
+	for _, p := range e.pods() {
+		pods[string(p.UID)] = p
+	}
+	claims, _ := e.kube.ResourceV1().ResourceClaims(e.ns).List(e.ctx, metav1.ListOptions{})
+	for _, c := range claims.Items {
+		for _, r := range c.Status.ReservedFor {
+			p := pods[string(r.UID)]
+			if p == nil || c.Status.Allocation == nil {
+				continue
+			}
+			for _, d := range c.Status.Allocation.Devices.Results {
+				if d.Pool != p.Spec.NodeName {
+					e.t.Fatalf("claim %s has %s/%s but its pod %s is on %s", c.Name, d.Pool, d.Device, p.Name, p.Spec.NodeName)
+				}
+			}
+		}
+	}
+}
+
+// TestTwoReplicasOnlyLeaderBinds: two schedulers campaign for one Lease. Only the leader
+// places gangs; when it stops, the other takes over and places the next gang without
+// handing out a device twice.
+func TestTwoReplicasOnlyLeaderBinds(t *testing.T) {
+	e := newEnv(t)
+	e.addNode("a", 8, false, nil)
+	e.addNode("b", 8, false, nil)
+	q := e.addQueue("q", "", "", "", 1)
+	replicas := make([]*scheduler.Scheduler, 2)
+	stops := make([]func(), 2)
+	for i := range replicas {
+		opts := defaultOptions()
+		opts.LeaderElection = &scheduler.LeaderElection{
+			Namespace: e.ns, Name: "tessera-scheduler", Identity: fmt.Sprintf("replica-%d", i),
+			LeaseDuration: 2 * time.Second, RenewDeadline: 1500 * time.Millisecond, RetryPeriod: 200 * time.Millisecond,
+		}
+		replicas[i], stops[i] = e.startSchedulerInstance(opts)
+	}
+	leader := waitLeader(t, replicas, -1)
+	first := e.gang("first", q, 8, gpuClaim)
+	e.waitBound(first, 60*time.Second)
+	if replicas[1-leader].Leading() {
+		t.Fatal("both replicas lead")
+	}
+	lease, err := e.kube.CoordinationV1().Leases(e.ns).Get(e.ctx, "tessera-scheduler", metav1.GetOptions{})
+	if err != nil || lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity != fmt.Sprintf("replica-%d", leader) {
+		t.Fatalf("lease holder = %v (err %v), want replica-%d", lease.Spec.HolderIdentity, err, leader)
+	}
+
+	stops[leader]()
+	next := waitLeader(t, replicas, leader)
+	if next == leader {
+		t.Fatal("leadership did not move")
+	}
+	second := e.gang("second", q, 8, gpuClaim)
+	e.waitBound(second, 60*time.Second)
+	e.checkClaims()
+	e.checkClaimsOnPodNodes()
+}
+
+func waitLeader(t *testing.T, replicas []*scheduler.Scheduler, not int) int {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		for i, r := range replicas {
+			if i != not && r.Leading() {
+				return i
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatal("no replica became leader")
+	return -1
+}
+
+// TestStockSchedulerInterop runs the kube-scheduler (DRA on) next to tessera on the same
+// nodes: pods of both ask for whole GPUs; neither hands out a device the other allocated.
+func TestStockSchedulerInterop(t *testing.T) {
+	e := newEnv(t)
+	e.addNode("a", 8, false, nil)
+	q := e.addQueue("q", "", "", "", 1)
+	e.startKubeScheduler()
+	e.startScheduler(defaultOptions())
+
+	var stock []*v1.Pod
+	for i := 0; i < 4; i++ {
+		c := fixture.GPUClaim(e.ns, fmt.Sprintf("stock-%d", i), 1)
+		c.UID = ""
+		if _, err := e.kube.ResourceV1().ResourceClaims(e.ns).Create(e.ctx, c, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		p := fixture.Pod(e.ns, c.Name, c.Name)
+		p.UID = ""
+		p.Spec.SchedulerName = v1.DefaultSchedulerName
+		created, err := e.kube.CoreV1().Pods(e.ns).Create(e.ctx, p, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stock = append(stock, created)
+	}
+	tessera := e.gang("g", q, 4, gpuClaim)
+	e.waitBound(stock, 60*time.Second)
+	e.waitBound(tessera, 60*time.Second)
+	e.checkClaims()
+
+	// The node is full: one more pod of each scheduler waits.
+	extra := e.gang("extra", q, 1, gpuClaim)
+	time.Sleep(2 * time.Second)
+	if e.boundCount(extra) != 0 {
+		t.Fatal("tessera bound a pod on a full node")
+	}
+	e.checkClaims()
+}
+
+// startKubeScheduler runs bin/k8s/kube-scheduler against the test control plane.
+func (e *env) startKubeScheduler() {
+	e.t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	logPath := filepath.Join(e.t.TempDir(), "kube-scheduler.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(e.cp.BinDir, "kube-scheduler"),
+		"--kubeconfig="+e.cp.KubeconfigPath,
+		"--authentication-kubeconfig="+e.cp.KubeconfigPath,
+		"--authorization-kubeconfig="+e.cp.KubeconfigPath,
+		"--leader-elect=false",
+		"--bind-address=127.0.0.1",
+		"--secure-port="+strconv.Itoa(port),
+		"--v=2",
+	)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		e.t.Fatalf("start kube-scheduler: %v", err)
+	}
+	e.t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		logFile.Close()
+		if e.t.Failed() {
+			data, _ := os.ReadFile(logPath)
+			if len(data) > 4000 {
+				data = data[len(data)-4000:]
+			}
+			e.t.Logf("kube-scheduler log tail:\n%s", data)
+		}
+	})
+}
