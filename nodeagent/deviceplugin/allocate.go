@@ -34,9 +34,11 @@ func (s *server) Allocate(ctx context.Context, req *pluginapi.AllocateRequest) (
 	for _, cr := range req.GetContainerRequests() {
 		cresp, err := s.p.allocate(s.res, cr.GetDevicesIds())
 		if err != nil {
+			s.p.metrics.allocationErrors.WithLabelValues(s.res.name).Inc()
 			logger.Error(err, "Allocate refused", "devices", cr.GetDevicesIds())
 			return nil, status.Errorf(codes.InvalidArgument, "allocate %s: %v", s.res.name, err)
 		}
+		s.p.metrics.allocations.WithLabelValues(s.res.name).Inc()
 		logger.V(2).Info("Allocated", "devices", cr.GetDevicesIds())
 		resp.ContainerResponses = append(resp.ContainerResponses, cresp)
 	}

@@ -37,7 +37,7 @@ func devicePaths(specs []*pluginapi.DeviceSpec) []string {
 
 func TestAllocateEnvVar(t *testing.T) {
 	m := newMock(t, 4)
-	c, uuids := preferredClient(t, m, Config{})
+	c, uuids, _ := preferredClient(t, m, Config{})
 	resp, err := allocate(t, c, []string{uuids[3], uuids[1]}, []string{uuids[0]})
 	if err != nil {
 		t.Fatal(err)
@@ -67,7 +67,7 @@ func TestAllocateEnvVar(t *testing.T) {
 
 func TestAllocateCDI(t *testing.T) {
 	m := newMock(t, 2)
-	c, uuids := preferredClient(t, m, Config{
+	c, uuids, _ := preferredClient(t, m, Config{
 		DeviceListStrategy: []DeviceListStrategy{DeviceListCDIAnnotations, DeviceListCDICRI},
 		CDIKind:            "k8s.gpu.tessera.dev/gpu",
 	})
@@ -99,7 +99,7 @@ func TestAllocateCDI(t *testing.T) {
 func TestAllocateReplicasAndMIG(t *testing.T) {
 	t.Run("replicas of one GPU collapse", func(t *testing.T) {
 		m := newMock(t, 2)
-		c, uuids := preferredClient(t, m, Config{TimeSlicing: &TimeSlicing{Replicas: 4}})
+		c, uuids, _ := preferredClient(t, m, Config{TimeSlicing: &TimeSlicing{Replicas: 4}})
 		resp, err := allocate(t, c, []string{uuids[1] + "::2", uuids[1] + "::0", uuids[0] + "::3"})
 		if err != nil {
 			t.Fatal(err)
@@ -114,7 +114,7 @@ func TestAllocateReplicasAndMIG(t *testing.T) {
 	})
 	t.Run("more than one replica refused", func(t *testing.T) {
 		m := newMock(t, 2)
-		c, uuids := preferredClient(t, m, Config{TimeSlicing: &TimeSlicing{Replicas: 4, FailRequestsGreaterThanOne: true}})
+		c, uuids, p := preferredClient(t, m, Config{TimeSlicing: &TimeSlicing{Replicas: 4, FailRequestsGreaterThanOne: true}})
 		if _, err := allocate(t, c, []string{uuids[0] + "::1"}); err != nil {
 			t.Fatalf("one replica: %v", err)
 		}
@@ -122,6 +122,14 @@ func TestAllocateReplicasAndMIG(t *testing.T) {
 		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "timeSlicing.failRequestsGreaterThanOne") {
 			t.Errorf("two replicas: %v, want InvalidArgument naming timeSlicing.failRequestsGreaterThanOne", err)
 		}
+		waitMetrics(t, p, `
+# HELP tessera_deviceplugin_allocation_errors_total [ALPHA] Allocate calls refused (unknown device, too many replicas), by resource.
+# TYPE tessera_deviceplugin_allocation_errors_total counter
+tessera_deviceplugin_allocation_errors_total{resource="tessera.dev/gpu"} 1
+# HELP tessera_deviceplugin_container_allocations_total [ALPHA] Containers given devices by Allocate, by resource.
+# TYPE tessera_deviceplugin_container_allocations_total counter
+tessera_deviceplugin_container_allocations_total{resource="tessera.dev/gpu"} 1
+`, "tessera_deviceplugin_allocation_errors_total", "tessera_deviceplugin_container_allocations_total")
 	})
 	t.Run("MIG device", func(t *testing.T) {
 		m := newMock(t, 2)

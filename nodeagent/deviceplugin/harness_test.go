@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
+	"k8s.io/component-base/metrics/testutil"
 	"k8s.io/klog/v2/ktesting"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
@@ -259,4 +261,20 @@ func waitHealth(t *testing.T, lists <-chan []*pluginapi.Device, want map[string]
 			t.Fatalf("device health never became %v; last list %v", want, last)
 		}
 	}
+}
+
+// waitMetrics waits until the plugin's metrics named in names match the
+// expected text exposition; counters may be bumped just after the RPC that
+// the test saw return.
+func waitMetrics(t *testing.T, p *Plugin, expected string, names ...string) {
+	t.Helper()
+	var err error
+	deadline := time.Now().Add(waitTimeout)
+	for time.Now().Before(deadline) {
+		if err = testutil.GatherAndCompare(p.Registry(), strings.NewReader(expected), names...); err == nil {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("metrics: %v", err)
 }

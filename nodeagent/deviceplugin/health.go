@@ -53,6 +53,7 @@ func (p *Plugin) applyHealth(ctx context.Context, ev health.Event) {
 	} else {
 		logger.Info("Device healthy again", "uuid", ev.UUID, "message", ev.Message)
 	}
+	p.updateDeviceGaugesLocked()
 	close(p.changed)
 	p.changed = make(chan struct{})
 }

@@ -40,6 +40,7 @@ type Plugin struct {
 	// responses (the same table the DRA plugin reads).
 	migCaps tesseracdi.MIGCaps
 	health  HealthSource
+	metrics *pluginMetrics
 
 	// ctx is Run's context, for the loggers of the gRPC handlers.
 	ctx     context.Context
@@ -86,7 +87,9 @@ func New(opts Options) (*Plugin, error) {
 		ctx:           context.Background(),
 		unhealthy:     map[string]map[health.Kind]health.Event{},
 		changed:       make(chan struct{}),
+		metrics:       newMetrics(),
 	}
+	p.updateDeviceGaugesLocked() // nothing else sees p yet
 	for _, r := range resources {
 		if r.whole && !r.replicated && opts.NVML != nil {
 			p.topo = newTopology(opts.NVML)
@@ -212,10 +215,12 @@ func (p *Plugin) registerAll(ctx context.Context, pending []*server) []*server {
 	var failed []*server
 	for _, s := range pending {
 		if err := s.register(ctx, p.kubeletSocket); err != nil {
+			p.metrics.registrationErrors.WithLabelValues(s.res.name).Inc()
 			logger.Error(err, "Registering with kubelet failed, will retry", "resource", s.res.name)
 			failed = append(failed, s)
 			continue
 		}
+		p.metrics.registrations.WithLabelValues(s.res.name).Inc()
 		logger.Info("Registered with kubelet", "resource", s.res.name, "devices", len(s.res.devices))
 	}
 	return failed

@@ -269,6 +269,14 @@ func TestHealthFlipsAndRecovers(t *testing.T) {
 
 	b.Inject(health.Event{UUID: gpu2, Kind: health.KindXID, XID: 48})
 	waitHealth(t, whole, map[string]string{gpu1: "Unhealthy", gpu2: "Unhealthy"})
+	waitMetrics(t, p, `
+# HELP tessera_deviceplugin_devices [ALPHA] Devices advertised to the kubelet, by resource and health (Healthy, Unhealthy).
+# TYPE tessera_deviceplugin_devices gauge
+tessera_deviceplugin_devices{health="Healthy",resource="tessera.dev/gpu"} 0
+tessera_deviceplugin_devices{health="Healthy",resource="tessera.dev/mig-3g.40gb"} 2
+tessera_deviceplugin_devices{health="Unhealthy",resource="tessera.dev/gpu"} 2
+tessera_deviceplugin_devices{health="Unhealthy",resource="tessera.dev/mig-3g.40gb"} 0
+`, "tessera_deviceplugin_devices")
 	// A second condition, then clearing the first: still unhealthy.
 	b.Inject(health.Event{UUID: gpu2, Kind: health.KindLost})
 	b.Inject(health.Event{UUID: gpu2, Kind: health.KindXID, Healthy: true})
@@ -356,6 +364,18 @@ func TestKubeletRestart(t *testing.T) {
 	first := k.nextRegistration()
 	oldStream := k.watch(t.Context(), first.Endpoint)
 	nextList(t, oldStream)
+	// The fake kubelet records a registration before its answer reaches
+	// the plugin; restarting it in between would make the plugin see a
+	// failed call (and retry). Wait until the plugin has counted it.
+	registered := func(n int) {
+		t.Helper()
+		waitMetrics(t, p, fmt.Sprintf(`
+# HELP tessera_deviceplugin_registrations_total [ALPHA] Successful registrations with the kubelet, by resource; more than one means the kubelet restarted.
+# TYPE tessera_deviceplugin_registrations_total counter
+tessera_deviceplugin_registrations_total{resource="nvidia.com/gpu"} %d
+`, n), "tessera_deviceplugin_registrations_total")
+	}
+	registered(1)
 
 	for i := 0; i < 2; i++ {
 		k.restart()
@@ -370,6 +390,7 @@ func TestKubeletRestart(t *testing.T) {
 		if got, want := deviceIDs(devs), []string{node.GPUs[0].UUID, node.GPUs[1].UUID}; !slices.Equal(got, want) {
 			t.Fatalf("after restart %d: devices %v, want %v", i+1, got, want)
 		}
+		registered(i + 2)
 	}
 	// The stream of the old kubelet ended with the old server.
 	for range oldStream {

@@ -3,6 +3,7 @@ package deviceplugin
 import (
 	"context"
 	"sort"
+	"time"
 
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -20,7 +21,9 @@ func (s *server) GetPreferredAllocation(ctx context.Context, req *pluginapi.Pref
 	logger := klog.FromContext(s.p.ctx).WithValues("resource", s.res.name)
 	resp := &pluginapi.PreferredAllocationResponse{}
 	for _, cr := range req.GetContainerRequests() {
+		start := time.Now()
 		ids, unknown := s.p.preferred(s.res, cr.GetAvailableDeviceIDs(), cr.GetMustIncludeDeviceIDs(), int(cr.GetAllocationSize()))
+		s.p.metrics.preferredDuration.WithLabelValues(s.res.name).Observe(time.Since(start).Seconds())
 		if len(unknown) > 0 {
 			logger.Info("Preferred allocation request names devices this plugin does not serve", "unknown", unknown)
 		}

@@ -91,7 +91,7 @@ func setLinks(m *nvmlbackend.Mock, cpu func(i int) int, links func(i, j int) int
 
 // preferredClient runs a plugin with cfg on the mock and returns a client
 // of its only resource plus the GPU UUIDs by index.
-func preferredClient(t *testing.T, m *nvmlbackend.Mock, cfg Config) (pluginapi.DevicePluginClient, []string) {
+func preferredClient(t *testing.T, m *nvmlbackend.Mock, cfg Config) (pluginapi.DevicePluginClient, []string, *Plugin) {
 	t.Helper()
 	node, gpus := discover(t, m)
 	dir := shortTempDir(t)
@@ -104,7 +104,7 @@ func preferredClient(t *testing.T, m *nvmlbackend.Mock, cfg Config) (pluginapi.D
 	for _, g := range node.GPUs {
 		uuids = append(uuids, g.UUID)
 	}
-	return k.dial(reg.Endpoint), uuids
+	return k.dial(reg.Endpoint), uuids, p
 }
 
 func askPreferred(t *testing.T, c pluginapi.DevicePluginClient, available, must []string, size int) []string {
@@ -153,7 +153,7 @@ func pick(uuids []string, idx ...int) []string {
 func TestPreferredAllocationFollowsNVLink(t *testing.T) {
 	m := newMock(t, 8)
 	setTopology(t, m)
-	c, uuids := preferredClient(t, m, Config{})
+	c, uuids, _ := preferredClient(t, m, Config{})
 	all := pick(uuids, 0, 1, 2, 3, 4, 5, 6, 7)
 	for _, tc := range []struct {
 		name      string
@@ -212,7 +212,7 @@ func TestPreferredAllocationManyGPUs(t *testing.T) {
 			return 2
 		}
 	})
-	c, uuids := preferredClient(t, m, Config{})
+	c, uuids, _ := preferredClient(t, m, Config{})
 	all := make([]int, 16)
 	for i := range all {
 		all[i] = i
@@ -244,7 +244,7 @@ func TestPreferredAllocationManyGPUs(t *testing.T) {
 // crash and falls back to GPU index order.
 func TestPreferredAllocationWithoutTopology(t *testing.T) {
 	m := newMock(t, 4)
-	c, uuids := preferredClient(t, m, Config{})
+	c, uuids, _ := preferredClient(t, m, Config{})
 	if got := indexes(t, uuids, askPreferred(t, c, pick(uuids, 3, 1, 2, 0), pick(uuids, 2), 2)); !slices.Equal(got, []string{"0", "2"}) {
 		t.Errorf("picked %v, want must-include 2 then the lowest index, 0", got)
 	}
@@ -284,7 +284,7 @@ func TestPreferredReplicas(t *testing.T) {
 	} {
 		t.Run(fmt.Sprintf("%s-%d", tc.policy, tc.size), func(t *testing.T) {
 			m := newMock(t, 3)
-			c, uuids := preferredClient(t, m, Config{TimeSlicing: &TimeSlicing{Replicas: 4, Policy: tc.policy}})
+			c, uuids, _ := preferredClient(t, m, Config{TimeSlicing: &TimeSlicing{Replicas: 4, Policy: tc.policy}})
 			var must []string
 			if tc.must != nil {
 				must = tc.must(uuids)
