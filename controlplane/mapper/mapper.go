@@ -6,6 +6,7 @@ package mapper
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -55,6 +56,8 @@ type Mapping struct {
 	Desired *v1alpha1.PodGroup
 	// Reason and Message explain how the gang was found (Mapped condition).
 	Reason, Message string
+	// Retry: the workload could not be resolved yet; skip the pod this cycle.
+	Retry bool
 }
 
 // Mapper maps pods to gangs.
@@ -74,9 +77,15 @@ func (m *Mapper) Map(ctx context.Context, pod *v1.Pod) Mapping {
 	if m.Resolver != nil {
 		wl, resolveErr = m.Resolver.Resolve(ctx, pod)
 	}
+	if errors.Is(resolveErr, ErrRetry) {
+		return Mapping{Retry: true, Message: resolveErr.Error()}
+	}
 	if wl == nil || wl.Gang == "" {
 		// Fallback: the pod alone is its gang.
 		reason, msg := v1alpha1.ReasonUnknownWorkload, "no workload definition knows the pod's owners; the pod is a gang of one"
+		if wl != nil {
+			reason, msg = v1alpha1.ReasonCatalog, fmt.Sprintf("%s %s: component %s is in no gang; the pod is a gang of one", wl.Kind, wl.Name, wl.Component)
+		}
 		if resolveErr != nil {
 			reason, msg = v1alpha1.ReasonCatalogUnavailable, fmt.Sprintf("catalog could not resolve the pod (%v); the pod is a gang of one", resolveErr)
 		}

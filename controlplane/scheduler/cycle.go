@@ -160,6 +160,10 @@ func (s *Scheduler) collectGangs(ctx context.Context, pods []*v1.Pod) map[string
 		s.mu.Unlock()
 		if !ok {
 			m = s.mapper.Map(ctx, p)
+			if m.Retry {
+				logger.V(3).Info("Workload of pod not resolvable yet", "pod", klog.KObj(p), "reason", m.Message)
+				continue
+			}
 			s.mu.Lock()
 			s.mappings[p.UID] = m
 			s.mu.Unlock()
