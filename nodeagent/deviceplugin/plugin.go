@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -30,6 +31,10 @@ import (
 // the dial.
 const registerTimeout = 30 * time.Second
 
+// defaultRecheckInterval is how often Run looks for a kubelet restart that
+// the file watch missed.
+const defaultRecheckInterval = 5 * time.Second
+
 // Plugin serves every resource of the selected GPUs; Run drives it.
 type Plugin struct {
 	cfg           Config
@@ -45,6 +50,10 @@ type Plugin struct {
 	// ctx is Run's context, for the loggers of the gRPC handlers.
 	ctx     context.Context
 	running atomic.Bool
+	// recheckInterval is how often Run checks for a kubelet restart that
+	// the watch missed; noWatch turns the watch off (tests of that path).
+	recheckInterval time.Duration
+	noWatch         bool
 
 	mu sync.Mutex
 	// unhealthy holds the conditions of each GPU or MIG UUID that has any.
@@ -88,6 +97,8 @@ func New(opts Options) (*Plugin, error) {
 		unhealthy:     map[string]map[health.Kind]health.Event{},
 		changed:       make(chan struct{}),
 		metrics:       newMetrics(),
+
+		recheckInterval: defaultRecheckInterval,
 	}
 	p.updateDeviceGaugesLocked() // nothing else sees p yet
 	for _, r := range resources {
@@ -157,10 +168,35 @@ func (p *Plugin) Run(ctx context.Context) error {
 		logger.Info("GPU topology unknown: whole GPUs are preferred in index order", "err", p.topo.err)
 	}
 
+	// restart serves anew and registers everything again: a new kubelet
+	// wiped the plugin dir (our sockets with it) and forgot every
+	// registration.
 	backoff := newRegisterBackoff()
 	pending := append([]*server(nil), servers...)
 	retry := time.NewTimer(0)
 	defer retry.Stop()
+	restart := func() error {
+		for _, s := range servers {
+			s.stop(ctx)
+			if err := s.start(ctx); err != nil {
+				return fmt.Errorf("device plugin: after kubelet restart: %w", err)
+			}
+		}
+		pending = append(pending[:0], servers...)
+		backoff = newRegisterBackoff()
+		retry.Reset(0)
+		return nil
+	}
+	// The kubelet socket registered with (its identity when the last round
+	// of registrations began) and the one a round in progress began with.
+	var registeredWith, registering os.FileInfo
+	recheck := time.NewTicker(p.recheckInterval)
+	defer recheck.Stop()
+	watchEvents := watcher.Events
+	if p.noWatch {
+		watchEvents = nil
+	}
+
 	for {
 		select {
 		case <-ctx.Done():
@@ -168,30 +204,46 @@ func (p *Plugin) Run(ctx context.Context) error {
 			return nil
 
 		case <-retry.C:
+			if len(pending) == len(servers) {
+				// Stat before registering: a kubelet that restarts during
+				// the round is then seen as a change by the next recheck.
+				registering, _ = os.Stat(p.kubeletSocket)
+			}
 			pending = p.registerAll(ctx, pending)
 			if len(pending) > 0 {
 				retry.Reset(backoff.Step())
+			} else {
+				registeredWith = registering
 			}
 
-		case ev, ok := <-watcher.Events:
+		case ev, ok := <-watchEvents:
 			if !ok {
 				return errors.New("device plugin: kubelet socket watcher closed")
 			}
 			if filepath.Clean(ev.Name) != p.kubeletSocket || !ev.Has(fsnotify.Create) {
 				continue
 			}
-			// A new kubelet wiped the plugin dir (our sockets with it) and
-			// forgot every registration: serve anew and register again.
 			logger.Info("Kubelet socket created, kubelet restarted: registering again", "kubeletSocket", p.kubeletSocket)
-			for _, s := range servers {
-				s.stop(ctx)
-				if err := s.start(ctx); err != nil {
-					return fmt.Errorf("device plugin: after kubelet restart: %w", err)
+			if err := restart(); err != nil {
+				return err
+			}
+
+		case <-recheck.C:
+			// A safety net for missed watch events (inotify queue
+			// overflow, the plugin dir replaced): our socket gone or a
+			// different kubelet socket than the one registered with.
+			// While registrations are pending, a new kubelet socket is
+			// being registered with anyway; a missing socket is not.
+			with := registeredWith
+			if len(pending) > 0 {
+				with = nil
+			}
+			if reason := p.kubeletChanged(servers, with); reason != "" {
+				logger.Info("Kubelet restart detected without a watch event: registering again", "reason", reason)
+				if err := restart(); err != nil {
+					return err
 				}
 			}
-			pending = append(pending[:0], servers...)
-			backoff = newRegisterBackoff()
-			retry.Reset(0)
 
 		case err, ok := <-watcher.Errors:
 			if ok {
@@ -207,6 +259,20 @@ func (p *Plugin) Run(ctx context.Context) error {
 			p.applyHealth(ctx, ev)
 		}
 	}
+}
+
+// kubeletChanged says why the registrations may be lost, or "".
+func (p *Plugin) kubeletChanged(servers []*server, registeredWith os.FileInfo) string {
+	for _, s := range servers {
+		if _, err := os.Stat(s.socket); errors.Is(err, os.ErrNotExist) {
+			return "socket " + s.socket + " removed"
+		}
+	}
+	fi, err := os.Stat(p.kubeletSocket)
+	if err == nil && registeredWith != nil && !os.SameFile(fi, registeredWith) {
+		return "kubelet socket " + p.kubeletSocket + " replaced"
+	}
+	return ""
 }
 
 // registerAll registers each pending server and returns those that failed.

@@ -397,6 +397,43 @@ tessera_deviceplugin_registrations_total{resource="nvidia.com/gpu"} %d
 	}
 }
 
+// TestRestartWithoutWatchEvents: when the file watch misses a kubelet
+// restart, the periodic check sees the replaced kubelet socket, or the
+// plugin's own socket gone, and the plugin serves and registers again.
+func TestRestartWithoutWatchEvents(t *testing.T) {
+	m := newMock(t, 1)
+	_, gpus := discover(t, m)
+	dir := shortTempDir(t)
+	k := startFakeKubelet(t, dir)
+	p := newPlugin(t, Options{Config: Config{PluginDir: dir}, GPUs: gpus})
+	p.noWatch = true
+	p.recheckInterval = 20 * time.Millisecond
+	runPlugin(t, p)
+	reg := k.nextRegistration()
+	registered := func(n int) {
+		t.Helper()
+		waitMetrics(t, p, fmt.Sprintf(`
+# HELP tessera_deviceplugin_registrations_total [ALPHA] Successful registrations with the kubelet, by resource; more than one means the kubelet restarted.
+# TYPE tessera_deviceplugin_registrations_total counter
+tessera_deviceplugin_registrations_total{resource="tessera.dev/gpu"} %d
+`, n), "tessera_deviceplugin_registrations_total")
+	}
+	registered(1)
+
+	k.restart()
+	k.nextRegistration()
+	nextList(t, k.watch(t.Context(), reg.Endpoint))
+	registered(2)
+
+	// Only the plugin's socket removed, the kubelet unchanged.
+	if err := os.Remove(filepath.Join(dir, reg.Endpoint)); err != nil {
+		t.Fatal(err)
+	}
+	k.nextRegistration()
+	nextList(t, k.watch(t.Context(), reg.Endpoint))
+	registered(3)
+}
+
 // TestRegistersWhenKubeletAppears: a plugin started before the kubelet
 // registers once kubelet.sock exists.
 func TestRegistersWhenKubeletAppears(t *testing.T) {
