@@ -1,0 +1,31 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/spf13/pflag"
+)
+
+// TestBadFlagsAreNamed parses flags and runs without applying logging (which may happen only
+// once per process).
+func TestBadFlagsAreNamed(t *testing.T) {
+	for args, want := range map[string]string{
+		"--max-tries=0":   "--max-tries must be positive",
+		"--parallelism=0": "--parallelism must be positive",
+		"--leader-elect-lease-duration=1s --leader-elect-renew-deadline=2s": "--leader-elect-lease-duration (1s) must be longer",
+		"--kubeconfig=/does/not/exist":                                      `--kubeconfig "/does/not/exist"`,
+	} {
+		fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+		o := newOptions()
+		o.addFlags(fs)
+		if err := fs.Parse(strings.Fields(args)); err != nil {
+			t.Fatalf("%s: %v", args, err)
+		}
+		err := run(context.Background(), o)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: err = %v, want it to contain %q", args, err, want)
+		}
+	}
+}

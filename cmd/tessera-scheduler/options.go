@@ -1,0 +1,107 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/spf13/pflag"
+	"k8s.io/component-base/featuregate"
+	logsapi "k8s.io/component-base/logs/api/v1"
+)
+
+type options struct {
+	kubeconfig     string
+	schedulerName  string
+	topologyKeys   []string
+	spread         bool
+	maxTries       int
+	period         time.Duration
+	parallelism    int
+	gpuDrivers     []string
+	catalog        bool
+	metricsAddress string
+	leaderElect    bool
+	leaseNamespace string
+	leaseName      string
+	leaseDuration  time.Duration
+	renewDeadline  time.Duration
+	retryPeriod    time.Duration
+	probeNamespace string
+	logging        *logsapi.LoggingConfiguration
+	featureGate    featuregate.MutableVersionedFeatureGate
+}
+
+func newOptions() *options {
+	o := &options{
+		schedulerName:  "tessera-scheduler",
+		maxTries:       50000,
+		period:         time.Second,
+		parallelism:    16,
+		gpuDrivers:     []string{"gpu.tessera.dev"},
+		catalog:        true,
+		metricsAddress: ":8080",
+		leaderElect:    true,
+		leaseNamespace: os.Getenv("POD_NAMESPACE"),
+		leaseName:      "tessera-scheduler",
+		leaseDuration:  15 * time.Second,
+		renewDeadline:  10 * time.Second,
+		retryPeriod:    2 * time.Second,
+		probeNamespace: "default",
+		logging:        logsapi.NewLoggingConfiguration(),
+		featureGate:    featuregate.NewFeatureGate(),
+	}
+	if o.leaseNamespace == "" {
+		o.leaseNamespace = "kube-system"
+	}
+	if err := logsapi.AddFeatureGates(o.featureGate); err != nil {
+		panic(fmt.Sprintf("register logging feature gates: %v", err)) // programming error, at init
+	}
+	return o
+}
+
+func (o *options) addFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.kubeconfig, "kubeconfig", o.kubeconfig, "Kubeconfig file; in-cluster configuration when empty.")
+	fs.StringVar(&o.schedulerName, "scheduler-name", o.schedulerName, "spec.schedulerName of the pods this scheduler places.")
+	fs.StringSliceVar(&o.topologyKeys, "topology-keys", o.topologyKeys, "Node label keys whose values are topology domains (rack, NVLink domain), most specific first; a gang is kept in one domain when it fits.")
+	fs.BoolVar(&o.spread, "spread", o.spread, "Prefer the emptiest nodes instead of packing GPUs onto the fullest.")
+	fs.IntVar(&o.maxTries, "max-tries", o.maxTries, "Search budget per gang: node evaluations before the gang is declared unplaceable this cycle.")
+	fs.DurationVar(&o.period, "period", o.period, "Time between scheduling cycles when no event triggers one.")
+	fs.IntVar(&o.parallelism, "parallelism", o.parallelism, "API writes in flight per commit, and gangs committed at once.")
+	fs.StringSliceVar(&o.gpuDrivers, "gpu-drivers", o.gpuDrivers, "DRA drivers whose devices are counted in GPU units for queue quotas.")
+	fs.BoolVar(&o.catalog, "catalog", o.catalog, "Map pods to gangs through the workload catalog (built-in definitions); when false every pod without a PodGroup annotation is a gang of one.")
+	fs.StringVar(&o.metricsAddress, "metrics-bind-address", o.metricsAddress, "Address of the /metrics and /healthz endpoint; empty disables it.")
+	fs.BoolVar(&o.leaderElect, "leader-elect", o.leaderElect, "Schedule only while holding the Lease (run several replicas for failover).")
+	fs.StringVar(&o.leaseNamespace, "leader-elect-resource-namespace", o.leaseNamespace, "Namespace of the Lease.")
+	fs.StringVar(&o.leaseName, "leader-elect-resource-name", o.leaseName, "Name of the Lease.")
+	fs.DurationVar(&o.leaseDuration, "leader-elect-lease-duration", o.leaseDuration, "Lease duration.")
+	fs.DurationVar(&o.renewDeadline, "leader-elect-renew-deadline", o.renewDeadline, "Renew deadline of the leader.")
+	fs.DurationVar(&o.retryPeriod, "leader-elect-retry-period", o.retryPeriod, "Retry period of the candidates.")
+	fs.StringVar(&o.probeNamespace, "feature-probe-namespace", o.probeNamespace, "Namespace in which DRA feature detection dry-runs a ResourceClaim.")
+	logsapi.AddFlags(o.logging, fs)
+	o.featureGate.AddFlag(fs)
+}
+
+func (o *options) applyLogging() error {
+	if err := logsapi.ValidateAndApply(o.logging, o.featureGate); err != nil {
+		return fmt.Errorf("logging flags: %w", err)
+	}
+	return nil
+}
+
+func (o *options) validate() error {
+	switch {
+	case o.schedulerName == "":
+		return errors.New("--scheduler-name must not be empty")
+	case o.maxTries <= 0:
+		return fmt.Errorf("--max-tries must be positive, got %d", o.maxTries)
+	case o.period <= 0:
+		return fmt.Errorf("--period must be positive, got %s", o.period)
+	case o.parallelism <= 0:
+		return fmt.Errorf("--parallelism must be positive, got %d", o.parallelism)
+	case o.leaderElect && o.leaseDuration <= o.renewDeadline:
+		return fmt.Errorf("--leader-elect-lease-duration (%s) must be longer than --leader-elect-renew-deadline (%s)", o.leaseDuration, o.renewDeadline)
+	}
+	return nil
+}

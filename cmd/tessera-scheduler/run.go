@@ -1,0 +1,137 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/metadata"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/restmapper"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/component-base/metrics/legacyregistry"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/catalog"
+	"github.com/tessera-gpu/tessera/catalog/resolver"
+	"github.com/tessera-gpu/tessera/controlplane/mapper"
+	"github.com/tessera-gpu/tessera/controlplane/scheduler"
+	"github.com/tessera-gpu/tessera/controlplane/solver"
+)
+
+func run(ctx context.Context, o *options) error {
+	if err := o.validate(); err != nil {
+		return err
+	}
+	logger := klog.FromContext(ctx)
+	var cfg *rest.Config
+	var err error
+	if o.kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", o.kubeconfig)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return fmt.Errorf("client configuration (--kubeconfig %q): %w", o.kubeconfig, err)
+	}
+	cfg.QPS, cfg.Burst = 500, 1000
+
+	opts := scheduler.Options{
+		SchedulerName:  o.schedulerName,
+		Solver:         solver.Config{TopologyKeys: o.topologyKeys, Spread: o.spread, MaxTries: o.maxTries},
+		ProbeNamespace: o.probeNamespace,
+		GPUDrivers:     o.gpuDrivers,
+		Period:         o.period,
+		Parallelism:    o.parallelism,
+	}
+	if o.catalog {
+		res, err := newCatalogResolver(ctx, cfg)
+		if err != nil {
+			return err
+		}
+		opts.Resolver = res
+	}
+	if o.leaderElect {
+		host, err := os.Hostname()
+		if err != nil {
+			return fmt.Errorf("leader election identity: %w", err)
+		}
+		opts.LeaderElection = &scheduler.LeaderElection{
+			Namespace: o.leaseNamespace, Name: o.leaseName, Identity: fmt.Sprintf("%s_%d", host, os.Getpid()),
+			LeaseDuration: o.leaseDuration, RenewDeadline: o.renewDeadline, RetryPeriod: o.retryPeriod,
+		}
+	}
+	s, err := scheduler.New(cfg, opts)
+	if err != nil {
+		return err
+	}
+	scheduler.RegisterMetrics()
+	if o.metricsAddress != "" {
+		srv, err := serveMetrics(ctx, o.metricsAddress)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(shutdownCtx)
+		}()
+	}
+	logger.Info("Starting", "schedulerName", o.schedulerName, "leaderElection", o.leaderElect)
+	if err := s.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
+
+// newCatalogResolver starts the catalog's pod resolver with the built-in definitions.
+func newCatalogResolver(ctx context.Context, cfg *rest.Config) (*mapper.CatalogResolver, error) {
+	cat, err := catalog.New(nil)
+	if err != nil {
+		return nil, fmt.Errorf("catalog: %w", err)
+	}
+	r, err := resolver.NewForConfig(ctx, cat, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("catalog resolver: %w", err)
+	}
+	r.Start(ctx)
+	if !r.WaitForCacheSync(ctx) {
+		return nil, fmt.Errorf("catalog resolver caches did not sync: %w", ctx.Err())
+	}
+	md, err := metadata.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("metadata client: %w", err)
+	}
+	disc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("discovery client: %w", err)
+	}
+	return &mapper.CatalogResolver{
+		Resolver: r,
+		Metadata: md,
+		Mapper:   restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disc)),
+	}, nil
+}
+
+func serveMetrics(ctx context.Context, addr string) (*http.Server, error) {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", legacyregistry.Handler())
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics-bind-address %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			klog.FromContext(ctx).Error(err, "Metrics server stopped")
+		}
+	}()
+	return srv, nil
+}
