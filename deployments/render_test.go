@@ -1,0 +1,512 @@
+package deployments_test
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/yaml"
+
+	"github.com/tessera-gpu/tessera/deployments"
+	"github.com/tessera-gpu/tessera/nodeagent/partition"
+)
+
+const testNamespace = "tessera-test"
+
+// values parses a values document as `helm -f` would.
+func values(t testing.TB, doc string) map[string]any {
+	t.Helper()
+	v := map[string]any{}
+	if err := yaml.Unmarshal([]byte(doc), &v); err != nil {
+		t.Fatalf("values %q: %v", doc, err)
+	}
+	return v
+}
+
+func render(t testing.TB, namespace, doc string) *deployments.Rendered {
+	t.Helper()
+	r, err := deployments.Render(deployments.Options{Namespace: namespace, Values: values(t, doc)})
+	if err != nil {
+		t.Fatalf("render with values %q: %v", doc, err)
+	}
+	return r
+}
+
+func ofKind(r *deployments.Rendered, kind string) []*unstructured.Unstructured {
+	var out []*unstructured.Unstructured
+	for _, o := range r.Objects {
+		if o.GetKind() == kind {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+func names(objs []*unstructured.Unstructured) []string {
+	var out []string
+	for _, o := range objs {
+		out = append(out, o.GetName())
+	}
+	sort.Strings(out)
+	return out
+}
+
+// typed converts the only object of a kind (with that name, if given) into
+// its Go type.
+func typed[T any](t testing.TB, r *deployments.Rendered, kind, name string, into *T) *T {
+	t.Helper()
+	var found []*unstructured.Unstructured
+	for _, o := range ofKind(r, kind) {
+		if name == "" || o.GetName() == name {
+			found = append(found, o)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("want one %s %q, found %v", kind, name, names(found))
+	}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(found[0].Object, into, true); err != nil {
+		t.Fatalf("%s %s: %v", kind, found[0].GetName(), err)
+	}
+	return into
+}
+
+func hostPaths(spec corev1.PodSpec) []string {
+	var out []string
+	for _, v := range spec.Volumes {
+		if v.HostPath != nil {
+			out = append(out, v.HostPath.Path)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func hasRule(rules []rbacv1.PolicyRule, group, resource, verb string) bool {
+	for _, r := range rules {
+		if (slices.Contains(r.APIGroups, group) || slices.Contains(r.APIGroups, "*")) &&
+			(slices.Contains(r.Resources, resource) || slices.Contains(r.Resources, "*")) &&
+			(slices.Contains(r.Verbs, verb) || slices.Contains(r.Verbs, "*")) {
+			return true
+		}
+	}
+	return false
+}
+
+func sourceNames(t *testing.T, dir string) []string {
+	t.Helper()
+	var out []string
+	entries, err := os.ReadDir(filepath.Join(deployments.Dir(), dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if !strings.HasSuffix(e.Name(), ".yaml") {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(deployments.Dir(), dir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		objs, err := deployments.DecodeAll(data)
+		if err != nil {
+			t.Fatalf("%s: %v", e.Name(), err)
+		}
+		out = append(out, names(objs)...)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func TestDefaultRender(t *testing.T) {
+	r := render(t, testNamespace, "")
+
+	if got, want := names(r.CRDs), sourceNames(t, "crds"); !slices.Equal(got, want) || len(got) != 3 {
+		t.Errorf("CRDs = %v, want the three of deployments/crds %v", got, want)
+	}
+	if got, want := names(ofKind(r, "DeviceClass")), sourceNames(t, "deviceclasses"); !slices.Equal(got, want) || len(got) != 3 {
+		t.Errorf("DeviceClasses = %v, want the three of deployments/deviceclasses %v", got, want)
+	}
+
+	ds := typed(t, r, "DaemonSet", "tessera-node", &appsv1.DaemonSet{})
+	pod := ds.Spec.Template.Spec
+	if pod.NodeSelector["nvidia.com/gpu.present"] != "true" {
+		t.Errorf("node selector = %v, want GPU nodes only", pod.NodeSelector)
+	}
+	if !slices.ContainsFunc(pod.Tolerations, func(tl corev1.Toleration) bool { return tl.Key == "nvidia.com/gpu" }) {
+		t.Errorf("tolerations = %v, want the nvidia.com/gpu taint tolerated", pod.Tolerations)
+	}
+	wantPaths := []string{"/", "/dev/nvidia-caps", "/run/tessera/mps", "/var/lib/kubelet/plugins/gpu.tessera.dev", "/var/lib/kubelet/plugins_registry", "/var/run/cdi"}
+	if got := hostPaths(pod); !slices.Equal(got, wantPaths) {
+		t.Errorf("host paths = %v, want exactly %v (no device-plugin dir while it is off)", got, wantPaths)
+	}
+	if pod.HostNetwork || pod.HostPID || pod.HostIPC {
+		t.Error("the node agent must not share host network, PID or IPC namespaces")
+	}
+	c := pod.Containers[0]
+	if sc := c.SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+		t.Errorf("node security context = %+v, want privileged (default profile) with a read-only root", c.SecurityContext)
+	}
+	for _, m := range c.VolumeMounts {
+		if m.Name == "driver-root" && !m.ReadOnly {
+			t.Error("the driver root must be mounted read-only")
+		}
+	}
+	for _, arg := range []string{"--dra=true", "--device-plugin=false", "--node-name=$(NODE_NAME)", "--rolling-update-uid=$(POD_UID)"} {
+		if !slices.Contains(c.Args, arg) {
+			t.Errorf("node args %v lack %s", c.Args, arg)
+		}
+	}
+
+	dep := typed(t, r, "Deployment", "tessera-scheduler", &appsv1.Deployment{})
+	if dep.Spec.Replicas == nil || *dep.Spec.Replicas != 2 {
+		t.Errorf("scheduler replicas = %v, want 2", dep.Spec.Replicas)
+	}
+	sc := dep.Spec.Template.Spec.Containers[0]
+	for _, arg := range []string{"--leader-elect=true", "--leader-elect-resource-namespace=" + testNamespace, "--leader-elect-resource-name=tessera-scheduler", "--scheduler-name=tessera-scheduler"} {
+		if !slices.Contains(sc.Args, arg) {
+			t.Errorf("scheduler args %v lack %s", sc.Args, arg)
+		}
+	}
+	if psc := dep.Spec.Template.Spec.SecurityContext; psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot {
+		t.Error("the scheduler must run as non-root")
+	}
+	if csc := sc.SecurityContext; csc == nil || csc.AllowPrivilegeEscalation == nil || *csc.AllowPrivilegeEscalation || !slices.Contains(csc.Capabilities.Drop, "ALL") {
+		t.Errorf("scheduler container security context = %+v, want no escalation and all capabilities dropped", csc)
+	}
+
+	pdb := typed(t, r, "PodDisruptionBudget", "tessera-scheduler", &policyv1.PodDisruptionBudget{})
+	if pdb.Spec.MinAvailable == nil || pdb.Spec.MinAvailable.IntValue() != 1 {
+		t.Errorf("PDB minAvailable = %v, want 1", pdb.Spec.MinAvailable)
+	}
+	sel, err := labels.ValidatedSelectorFromSet(pdb.Spec.Selector.MatchLabels)
+	if err != nil || !sel.Matches(labels.Set(dep.Spec.Template.Labels)) {
+		t.Errorf("PDB selector %v does not select the scheduler pods %v", pdb.Spec.Selector, dep.Spec.Template.Labels)
+	}
+
+	if got := names(ofKind(r, "ValidatingAdmissionPolicy")); !slices.Equal(got, []string{"tessera-node-own-slices", "tessera-scheduler-writes"}) {
+		t.Errorf("admission policies = %v", got)
+	}
+	if got := names(ofKind(r, "ValidatingAdmissionPolicyBinding")); !slices.Equal(got, []string{"tessera-node-own-slices", "tessera-scheduler-writes"}) {
+		t.Errorf("admission policy bindings = %v", got)
+	}
+	// Admission policies come before anything that could write a slice.
+	if k := r.Objects[0].GetKind(); k != "ValidatingAdmissionPolicy" {
+		t.Errorf("first object is a %s, want the admission policies first", k)
+	}
+	typed(t, r, "ClusterRole", "tessera-queue-admin", &rbacv1.ClusterRole{})
+	if n := len(ofKind(r, "ServiceMonitor")) + len(ofKind(r, "Queue")); n != 0 {
+		t.Errorf("ServiceMonitors and example Queues are off by default, found %d", n)
+	}
+
+	// The partition ConfigMap is what the node agent's own parser accepts.
+	cm := typed(t, r, "ConfigMap", "tessera-node-partition", &corev1.ConfigMap{})
+	cfg, err := partition.Parse([]byte(cm.Data["partition.yaml"]))
+	if err != nil {
+		t.Fatalf("default partition config rejected by the node agent: %v", err)
+	}
+	if cfg.Default == nil || len(cfg.Default.GPUs) != 1 || cfg.Default.GPUs[0].Mode != partition.ModeWhole {
+		t.Errorf("default partition config = %+v, want every GPU whole", cfg)
+	}
+}
+
+func TestRenderCombinations(t *testing.T) {
+	for _, tc := range combinations {
+		t.Run(tc.name, func(t *testing.T) {
+			r := render(t, testNamespace, tc.values)
+			tc.check(t, r)
+		})
+	}
+}
+
+// combinations are rendered here and applied (dry-run) to the API server in
+// TestChartDryRun.
+var combinations = []struct {
+	name   string
+	values string
+	check  func(t *testing.T, r *deployments.Rendered)
+}{
+	{
+		name:   "device plugin only",
+		values: `node: {dra: {enabled: false}, devicePlugin: {enabled: true, resourcePrefix: nvidia.com, replicas: 4}}`,
+		check: func(t *testing.T, r *deployments.Rendered) {
+			ds := typed(t, r, "DaemonSet", "", &appsv1.DaemonSet{})
+			if got, want := hostPaths(ds.Spec.Template.Spec), []string{"/", "/var/lib/kubelet/device-plugins"}; !slices.Equal(got, want) {
+				t.Errorf("host paths = %v, want %v: no DRA sockets, CDI or MPS dirs without DRA", got, want)
+			}
+			args := ds.Spec.Template.Spec.Containers[0].Args
+			for _, a := range []string{"--dra=false", "--device-plugin=true", "--device-plugin-resource-prefix=nvidia.com", "--device-plugin-replicas=4"} {
+				if !slices.Contains(args, a) {
+					t.Errorf("args %v lack %s", args, a)
+				}
+			}
+			role := typed(t, r, "ClusterRole", "tessera-node", &rbacv1.ClusterRole{})
+			if hasRule(role.Rules, "resource.k8s.io", "resourceslices", "create") || hasRule(role.Rules, "resource.k8s.io", "resourceclaims", "get") {
+				t.Error("without DRA the node agent needs no access to slices or claims")
+			}
+			if got := names(ofKind(r, "ValidatingAdmissionPolicy")); !slices.Equal(got, []string{"tessera-scheduler-writes"}) {
+				t.Errorf("admission policies = %v, want only the scheduler's", got)
+			}
+		},
+	},
+	{
+		name:   "NVIDIA runtime instead of privileged",
+		values: `node: {securityProfile: nvidiaRuntime, partition: {default: {gpus: [{mode: dynamicMIG, profiles: [1g.10gb, 3g.40gb]}]}}}`,
+		check: func(t *testing.T, r *deployments.Rendered) {
+			ds := typed(t, r, "DaemonSet", "", &appsv1.DaemonSet{})
+			pod := ds.Spec.Template.Spec
+			if pod.RuntimeClassName == nil || *pod.RuntimeClassName != "nvidia" {
+				t.Errorf("runtimeClassName = %v, want nvidia", pod.RuntimeClassName)
+			}
+			sc := pod.Containers[0].SecurityContext
+			if sc.Privileged == nil || *sc.Privileged || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+				t.Errorf("security context = %+v, want unprivileged", sc)
+			}
+			if !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || !slices.Equal(sc.Capabilities.Add, []corev1.Capability{"SYS_ADMIN"}) {
+				t.Errorf("capabilities = %+v, want all dropped but SYS_ADMIN", sc.Capabilities)
+			}
+			if slices.Contains(hostPaths(pod), "/dev/nvidia-caps") {
+				t.Error("the runtime injects MIG capability nodes; no /dev host path")
+			}
+			env := map[string]string{}
+			for _, e := range pod.Containers[0].Env {
+				env[e.Name] = e.Value
+			}
+			if env["NVIDIA_MIG_CONFIG_DEVICES"] != "all" || env["NVIDIA_VISIBLE_DEVICES"] != "all" {
+				t.Errorf("env = %v, want the NVIDIA runtime asked for all GPUs and MIG config", env)
+			}
+			checkPartition(t, r, func(cfg *partition.Config) bool {
+				return cfg.Default.GPUs[0].Mode == partition.ModeDynamicMIG && slices.Equal(cfg.Default.GPUs[0].Profiles, []string{"1g.10gb", "3g.40gb"})
+			})
+		},
+	},
+	{
+		name: "partition config per node pool",
+		values: `
+node:
+  partition:
+    nodes:
+      - name: inference
+        nodeSelector: {matchLabels: {tessera.dev/pool: inference}}
+        gpus: [{mode: shared, shared: {reservedMemory: 1Gi, memoryStep: 256Mi, defaultMemory: 1Gi, defaultComputeShare: 10}}]
+      - name: static
+        nodeSelector: {matchExpressions: [{key: tessera.dev/pool, operator: In, values: [mig]}]}
+        gpus: [{indices: [0, 1], mode: staticMIG, layout: [{profile: 3g.40gb, start: 0}, {profile: 3g.40gb}]}, {mode: whole}]
+`,
+		check: func(t *testing.T, r *deployments.Rendered) {
+			checkPartition(t, r, func(cfg *partition.Config) bool {
+				return len(cfg.Nodes) == 2 && cfg.Nodes[0].GPUs[0].Mode == partition.ModeShared &&
+					cfg.Nodes[0].GPUs[0].Shared.MemoryStep.String() == "256Mi" &&
+					cfg.Nodes[1].GPUs[0].Mode == partition.ModeStaticMIG && len(cfg.Nodes[1].GPUs[0].Layout) == 2
+			})
+		},
+	},
+	{
+		name:   "monitoring and example queues",
+		values: `{serviceMonitor: {enabled: true, labels: {release: prom}}, exampleQueues: {enabled: true}}`,
+		check: func(t *testing.T, r *deployments.Rendered) {
+			if got := names(ofKind(r, "ServiceMonitor")); !slices.Equal(got, []string{"tessera-node", "tessera-scheduler"}) {
+				t.Errorf("ServiceMonitors = %v", got)
+			}
+			for _, sm := range ofKind(r, "ServiceMonitor") {
+				if sm.GetLabels()["release"] != "prom" {
+					t.Errorf("ServiceMonitor %s lacks the configured label", sm.GetName())
+				}
+			}
+			if got := names(ofKind(r, "Queue")); !slices.Equal(got, []string{"cluster", "team-a", "team-b"}) {
+				t.Errorf("example Queues = %v", got)
+			}
+		},
+	},
+	{
+		name:   "scheduler only",
+		values: `{node: {enabled: false}, deviceClasses: {enabled: false}}`,
+		check: func(t *testing.T, r *deployments.Rendered) {
+			for _, kind := range []string{"DaemonSet", "DeviceClass", "ConfigMap"} {
+				if n := len(ofKind(r, kind)); n != 0 {
+					t.Errorf("%d %s rendered with the node agent off", n, kind)
+				}
+			}
+			if got := names(ofKind(r, "ClusterRole")); slices.Contains(got, "tessera-node") {
+				t.Errorf("ClusterRoles = %v: no node role without the node agent", got)
+			}
+			typed(t, r, "Deployment", "tessera-scheduler", &appsv1.Deployment{})
+		},
+	},
+	{
+		name:   "one scheduler without leader election",
+		values: `scheduler: {replicas: 1, leaderElection: {enabled: false}, podDisruptionBudget: {enabled: false}, topologyKeys: [nvidia.com/gpu.clique, topology.kubernetes.io/zone]}`,
+		check: func(t *testing.T, r *deployments.Rendered) {
+			dep := typed(t, r, "Deployment", "", &appsv1.Deployment{})
+			args := dep.Spec.Template.Spec.Containers[0].Args
+			if !slices.Contains(args, "--leader-elect=false") || !slices.Contains(args, "--topology-keys=nvidia.com/gpu.clique,topology.kubernetes.io/zone") {
+				t.Errorf("args = %v", args)
+			}
+			if n := len(ofKind(r, "Role")) + len(ofKind(r, "PodDisruptionBudget")); n != 0 {
+				t.Errorf("%d lease Roles or PDBs rendered without leader election", n)
+			}
+		},
+	},
+	{
+		name:   "renamed release with a pinned image",
+		values: `{fullnameOverride: gpu, image: {repository: registry.example.com/tessera, digest: "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"}, scheduler: {image: {tag: v9}}}`,
+		check: func(t *testing.T, r *deployments.Rendered) {
+			ds := typed(t, r, "DaemonSet", "gpu-node", &appsv1.DaemonSet{})
+			if img := ds.Spec.Template.Spec.Containers[0].Image; img != "registry.example.com/tessera@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef" {
+				t.Errorf("node image = %s", img)
+			}
+			dep := typed(t, r, "Deployment", "gpu-scheduler", &appsv1.Deployment{})
+			// The global digest wins over a component's tag: a pinned image
+			// stays pinned.
+			if img := dep.Spec.Template.Spec.Containers[0].Image; !strings.HasPrefix(img, "registry.example.com/tessera@sha256:") {
+				t.Errorf("scheduler image = %s", img)
+			}
+			vap := ofKind(r, "ValidatingAdmissionPolicy")
+			if len(vap) != 2 || !strings.Contains(mustYAML(t, vap[0].Object), `system:serviceaccount:`+testNamespace+`:gpu-node`) {
+				t.Errorf("the node policy must name the renamed service account")
+			}
+		},
+	},
+}
+
+func mustYAML(t *testing.T, v any) string {
+	t.Helper()
+	data, err := yaml.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
+}
+
+func checkPartition(t *testing.T, r *deployments.Rendered, ok func(*partition.Config) bool) {
+	t.Helper()
+	cm := typed(t, r, "ConfigMap", "", &corev1.ConfigMap{})
+	cfg, err := partition.Parse([]byte(cm.Data["partition.yaml"]))
+	if err != nil {
+		t.Fatalf("partition config rejected by the node agent: %v\n%s", err, cm.Data["partition.yaml"])
+	}
+	if !ok(cfg) {
+		t.Errorf("partition config is not what the values say:\n%s", cm.Data["partition.yaml"])
+	}
+}
+
+func TestInvalidValues(t *testing.T) {
+	for _, tc := range []struct{ values, want string }{
+		{`node: {nvml: fake}`, "/node/nvml"},
+		{`node: {bogus: 1}`, "bogus"},
+		{`scheduler: {replicas: "two"}`, "/scheduler/replicas"},
+		{`image: {digest: "sha256:abc"}`, "/image/digest"},
+		{`image: {pullPolicy: Sometimes}`, "/image/pullPolicy"},
+		{`node: {partition: {default: {gpus: [{mode: whole, profiles: [1g.10gb]}]}}}`, "/node/partition/default/gpus/0/mode"},
+		{`node: {partition: {default: {gpus: [{mode: dynamicMIG, profiles: [big]}]}}}`, "/node/partition/default/gpus/0/profiles/0"},
+		{`node: {partition: {default: {gpus: [{mode: shared, shared: {defaultComputeShare: 150}}]}}}`, "/node/partition/default/gpus/0/shared/defaultComputeShare"},
+		{`node: {partition: {default: {gpus: [{mode: shared, shared: {memoryStep: lots}}]}}}`, "/node/partition/default/gpus/0/shared/memoryStep"},
+		{`node: {partition: {nodes: [{gpus: [{mode: shared}]}]}}`, "nodeSelector"},
+		{`node: {partition: {default: {gpus: [{}]}}}`, "mode"},
+		{`node: {resyncPeriod: "1 minute"}`, "/node/resyncPeriod"},
+		{`node: {securityProfile: root}`, "/node/securityProfile"},
+		{`node: {devicePlugin: {resourcePrefix: "Not A Domain"}}`, "/node/devicePlugin/resourcePrefix"},
+		{`node: {health: {ignoredXIDs: [13, 13]}}`, "/node/health/ignoredXIDs"},
+		{`node: {dra: {enabled: false}, devicePlugin: {enabled: false}}`, "node.dra.enabled and node.devicePlugin.enabled are both false"},
+		{`scheduler: {leaderElection: {enabled: false}}`, "needs scheduler.leaderElection.enabled=true"},
+		{`scheduler: {podDisruptionBudget: {minAvailable: 2}}`, "must be below scheduler.replicas"},
+		{`scheduler: {topologyKeys: ["bad key!"]}`, "/scheduler/topologyKeys/0"},
+		{`scheduler: {workloadResources: [{apiGroups: ["*"], resources: ["*"]}]}`, "/scheduler/workloadResources/0/resources/0"},
+		{`exampleQueues: {queues: [{name: a}, {name: a}]}`, `queue "a" is listed twice`},
+		{`exampleQueues: {queues: [{name: a, spec: {resources: {gpu: {quota: "-1"}}}}]}`, "/exampleQueues/queues/0/spec/resources/gpu/quota"},
+	} {
+		t.Run(tc.values, func(t *testing.T) {
+			_, err := deployments.Render(deployments.Options{Namespace: testNamespace, Values: values(t, tc.values)})
+			if err == nil {
+				t.Fatal("render accepted invalid values")
+			}
+			if !errors.Is(err, deployments.ErrInvalidValues) {
+				t.Errorf("error %v is not ErrInvalidValues", err)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error does not name %q:\n%v", tc.want, err)
+			}
+		})
+	}
+}
+
+// TestKubeVersion: the chart refuses clusters older than DRA's GA API.
+func TestKubeVersion(t *testing.T) {
+	_, err := deployments.Render(deployments.Options{KubeVersion: "v1.33.4"})
+	if err == nil || !strings.Contains(err.Error(), ">=1.34.0-0") {
+		t.Errorf("render for 1.33: err = %v, want the chart's kubeVersion constraint", err)
+	}
+	if _, err := deployments.Render(deployments.Options{KubeVersion: "v1.34.0"}); err != nil {
+		t.Errorf("render for 1.34: %v", err)
+	}
+}
+
+// TestGeneratedFilesInSync fails when the chart's copies of the CRDs and
+// DeviceClasses, or deployments/manifests/, are stale. Fix with
+// `go run ./hack/render-manifests`.
+func TestGeneratedFilesInSync(t *testing.T) {
+	diffs, err := deployments.DiffSources(deployments.Dir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range diffs {
+		t.Errorf("chart copy out of date: %s (run go run ./hack/render-manifests)", d)
+	}
+	r, err := deployments.Render(deployments.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range deployments.PlainManifests(r, deployments.DefaultReleaseName, deployments.DefaultNamespace) {
+		got, err := os.ReadFile(filepath.Join(deployments.Dir(), "manifests", name))
+		if err != nil || !bytes.Equal(got, want) {
+			t.Errorf("deployments/manifests/%s is out of date (run go run ./hack/render-manifests)", name)
+		}
+	}
+}
+
+// TestSyncSources: the copy step adds missing files, rewrites changed ones
+// and removes files whose source is gone.
+func TestSyncSources(t *testing.T) {
+	dir := t.TempDir()
+	write := func(p, s string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, p)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, p), []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("crds/a.yaml", "a: 1\n")
+	write("crds/b.yaml", "b: 2\n")
+	write("deviceclasses/c.yaml", "c: 3\n")
+	write("helm/tessera/crds/b.yaml", "b: old\n")
+	write("helm/tessera/crds/gone.yaml", "gone: 1\n")
+	diffs, err := deployments.DiffSources(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(diffs) != 4 {
+		t.Errorf("diffs = %q, want a missing, b changed, gone unsourced, c missing", diffs)
+	}
+	if _, err := deployments.SyncSources(dir); err != nil {
+		t.Fatal(err)
+	}
+	if diffs, err := deployments.DiffSources(dir); err != nil || len(diffs) != 0 {
+		t.Errorf("after sync: diffs = %q, err = %v", diffs, err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "helm/tessera/crds/gone.yaml")); !os.IsNotExist(err) {
+		t.Error("a chart copy without source survived the sync")
+	}
+}
