@@ -707,4 +707,3 @@ func catalogKinds(t *testing.T) []schema.GroupVersionKind {
 	}
 	return out
 }
-
