@@ -130,6 +130,49 @@ func gpuUUID(e *env, minor int) string {
 	return g.UUID
 }
 
+// TestCrashSafetyWithoutIntent covers claims that are not recorded before
+// their side effects (a whole GPU, an MPS share): a crash after the MPS
+// daemon started or the CDI spec was written leaves nothing after restart.
+func TestCrashSafetyWithoutIntent(t *testing.T) {
+	for _, point := range []string{"mps-started", "cdi-written", "checkpoint-completed"} {
+		t.Run(point, func(t *testing.T) {
+			e := newEnv(t)
+			c := e.claim("plain", []request{
+				{name: "gpu", class: "gpu", selector: `device.attributes["gpu.tessera.dev"].index == 3`},
+				{name: "share", class: "shared", memory: "2Gi"},
+			})
+			p1 := e.start(func(o *Options) {
+				o.crash = func(p string) {
+					if p == "checkpoint-started" {
+						t.Errorf("claim without MIG or time-slicing recorded before its side effects")
+					}
+					if p == point {
+						panic(crash{p})
+					}
+				}
+			})
+			func() {
+				defer func() {
+					if _, ok := recover().(crash); !ok {
+						t.Fatalf("prepare did not reach %s", point)
+					}
+				}()
+				_, _ = p1.PrepareResourceClaims(e.ctx, []*resourceapi.ResourceClaim{c})
+			}()
+			p1.Stop()
+			p2 := e.start()
+			st := e.state(p2)
+			if point == "checkpoint-completed" {
+				if len(st.specs) != 1 || len(st.daemons) != 1 || len(st.recorded) != 1 {
+					t.Fatalf("completed claim not intact: %+v", st)
+				}
+			} else if len(st.specs)+len(st.daemons)+len(st.recorded) != 0 {
+				t.Fatalf("left after restart: %+v", st)
+			}
+		})
+	}
+}
+
 // TestCorruptCheckpoint: a checkpoint that fails its checksum is moved
 // aside; the plugin rebuilds from the CDI specs and NVML, keeps the claim
 // that is intact and destroys a MIG instance no claim owns.

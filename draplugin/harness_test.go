@@ -73,6 +73,12 @@ type env struct {
 
 func newEnv(t testing.TB) *env {
 	t.Helper()
+	return newEnvWith(t, 4, partitionConfig)
+}
+
+// newEnvWith builds a node with n mock H100 GPUs and a partition config.
+func newEnvWith(t testing.TB, gpus int, config string) *env {
+	t.Helper()
 	_, ctx := ktesting.NewTestContext(t)
 	cp := framework.Shared(t)
 	e := &env{
@@ -94,7 +100,7 @@ func newEnv(t testing.TB) *env {
 	e.registrarDir, e.pluginDir = filepath.Join(base, "reg"), filepath.Join(base, "plugin")
 	e.cdiDir, e.mpsDir = filepath.Join(base, "cdi"), filepath.Join(base, "mps")
 
-	e.lib, err = nvmlbackend.NewMock("dgxh100", 4)
+	e.lib, err = nvmlbackend.NewMock("dgxh100", gpus)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +128,7 @@ func newEnv(t testing.TB) *env {
 
 	// The node agent applies the partition config (MIG mode on GPU 0 and 1)
 	// and publishes the node's pool through its ResourceSlice controller.
-	cfg, err := partition.Parse([]byte(partitionConfig))
+	cfg, err := partition.Parse([]byte(config))
 	if err != nil {
 		t.Fatal(err)
 	}

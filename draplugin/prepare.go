@@ -35,10 +35,11 @@ const (
 //
 // Per call: every claim is planned without side effects (devices looked
 // up, configs decoded and validated, the exclusive-device guard checked),
-// the plans are written to the checkpoint as PrepareStarted, the side
-// effects run (MIG instances, MPS daemons, time slices, CDI specs), and the
-// claims are written as PrepareCompleted. Two fsyncs per call, not per
-// claim. A claim that fails is rolled back on its own.
+// the plans are written to the checkpoint as PrepareStarted (when a side
+// effect needs it, see needsIntent), the side effects run (MIG instances,
+// MPS daemons, time slices, CDI specs), and the claims are written as
+// PrepareCompleted. At most two checkpoint writes per call, not per claim.
+// A claim that fails is rolled back on its own.
 func (p *Plugin) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	start := time.Now()
 	logger := klog.FromContext(ctx)
@@ -89,14 +90,16 @@ func (p *Plugin) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		return results, nil
 	}
 
-	if err := p.save(); err != nil {
-		for _, rec := range planned {
-			delete(p.state.Claims, rec.UID)
-			fail(rec.UID, fmt.Errorf("record prepare of claim %s/%s: %w", rec.Namespace, rec.Name, err))
+	if slices.ContainsFunc(planned, needsIntent) {
+		if err := p.save(); err != nil {
+			for _, rec := range planned {
+				delete(p.state.Claims, rec.UID)
+				fail(rec.UID, fmt.Errorf("record prepare of claim %s/%s: %w", rec.Namespace, rec.Name, err))
+			}
+			return results, nil
 		}
-		return results, nil
+		p.opts.crashPoint("checkpoint-started")
 	}
-	p.opts.crashPoint("checkpoint-started")
 
 	var done []*checkpoint.Claim
 	for _, rec := range planned {
@@ -135,6 +138,24 @@ func (p *Plugin) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		logger.V(2).Info("Prepared claim", "claim", klog.KRef(rec.Namespace, rec.Name), "devices", len(rec.Devices))
 	}
 	return results, nil
+}
+
+// needsIntent reports whether a planned claim must be recorded as
+// PrepareStarted before its side effects. Only a MIG instance (found again
+// by its recorded placement) and a time slice (reset from the record) need
+// it: a CDI spec of an unrecorded claim and an MPS daemon without clients
+// are found and removed by startup reconciliation on their own. Skipping
+// the record saves one fsync'ed write for whole GPUs and MPS shares.
+func needsIntent(rec *checkpoint.Claim) bool {
+	for _, d := range rec.Devices {
+		if d.Kind == checkpoint.KindMIG && !d.MIG.Static {
+			return true
+		}
+		if d.Sharing != nil && d.Sharing.Strategy == string(configapi.TimeSlicingStrategy) {
+			return true
+		}
+	}
+	return false
 }
 
 func prepareResult(rec *checkpoint.Claim) kubeletplugin.PrepareResult {

@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/fileutil"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
@@ -28,6 +31,16 @@ func (p *Plugin) recover(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.opts.RollingUpdateUID != "" {
+		// The other instance of a rolling update may be serving: take the
+		// lock the kubelet plugin helper serializes gRPC calls with, so that
+		// reconciliation never rolls back a prepare in progress over there.
+		lock, err := fileutil.LockFile(filepath.Join(p.opts.PluginDir, "serialize.lock"), os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			return fmt.Errorf("lock plugin directory: %w", err)
+		}
+		defer func() { _ = lock.Close() }()
+	}
 
 	path := p.opts.checkpointPath()
 	cp, err := checkpoint.Read(path)

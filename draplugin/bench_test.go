@@ -1,0 +1,139 @@
+package draplugin
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+)
+
+// benchPrepare measures one claim's prepare (plan, two checkpoint writes
+// with fsync, side effects, CDI spec) by calling the plugin directly, then
+// unprepares it untimed, and reports p50/p99.
+func benchPrepare(b *testing.B, e *env, p *Plugin, c *resourceapi.ResourceClaim) {
+	b.Helper()
+	var durations []time.Duration
+	claims := []*resourceapi.ResourceClaim{c}
+	un := []kubeletplugin.NamespacedObject{{UID: c.UID}}
+	b.ResetTimer()
+	for b.Loop() {
+		start := time.Now()
+		res, err := p.PrepareResourceClaims(e.ctx, claims)
+		durations = append(durations, time.Since(start))
+		if err != nil || res[c.UID].Err != nil {
+			b.Fatal(err, res[c.UID].Err)
+		}
+		b.StopTimer()
+		if _, err := p.UnprepareResourceClaims(e.ctx, un); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
+	b.StopTimer()
+	reportPercentiles(b, durations)
+}
+
+func reportPercentiles(b *testing.B, d []time.Duration) {
+	slices.Sort(d)
+	pct := func(q float64) float64 {
+		return float64(d[min(len(d)-1, int(q*float64(len(d))))].Microseconds()) / 1000
+	}
+	b.ReportMetric(pct(0.50), "p50-ms")
+	b.ReportMetric(pct(0.99), "p99-ms")
+}
+
+func BenchmarkPrepare(b *testing.B) {
+	e := newEnv(b)
+	e.ctx = klog.NewContext(e.ctx, klog.Background().V(10)) // no test logging in the loop
+	p := e.start()
+	b.Run("wholeGPU", func(b *testing.B) {
+		c := e.claim("bench-gpu", []request{{name: "gpu", class: "gpu", selector: `device.attributes["gpu.tessera.dev"].index == 3`}})
+		benchPrepare(b, e, p, c)
+	})
+	b.Run("MIG", func(b *testing.B) {
+		c := e.claim("bench-mig", []request{{name: "mig", class: "mig", selector: `device.attributes["gpu.tessera.dev"].profile == "1g.10gb"`}})
+		benchPrepare(b, e, p, c)
+	})
+	b.Run("fractionalMPS", func(b *testing.B) {
+		// Another share keeps the GPU's MPS daemon running, as on a busy
+		// node; the measured claim only adds its client limits.
+		other := e.claim("bench-share-other", []request{{name: "s", class: "shared", memory: "1Gi"}})
+		if res, err := p.PrepareResourceClaims(e.ctx, []*resourceapi.ResourceClaim{other}); err != nil || res[other.UID].Err != nil {
+			b.Fatal(err)
+		}
+		c := e.claim("bench-share", []request{{name: "s", class: "shared", memory: "10Gi", compute: "25"}})
+		benchPrepare(b, e, p, c)
+	})
+}
+
+// BenchmarkPrepared512 prepares 512 fractional claims (8 shared GPUs) and
+// reports the live heap the plugin adds for them, the checkpoint size and
+// the prepare latency of one more claim at that size.
+func BenchmarkPrepared512(b *testing.B) {
+	e := newEnvWith(b, 8, "default:\n  gpus:\n  - mode: shared\n    shared:\n      memoryStep: 256Mi\n      defaultMemory: 256Mi\n")
+	e.ctx = klog.NewContext(e.ctx, klog.Background().V(10))
+	claims := make([]*resourceapi.ResourceClaim, 512)
+	for i := range claims {
+		claims[i] = e.claim(fmt.Sprintf("c%d", i), []request{{name: "s", class: "shared", memory: "256Mi"}})
+	}
+	extra := e.claim("extra", []request{{name: "s", class: "shared", memory: "256Mi"}})
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	before := heap()
+	p := e.start()
+	var wg sync.WaitGroup
+	for i := 0; i < len(claims); i += 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := p.PrepareResourceClaims(e.ctx, claims[i:i+64])
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			for _, r := range res {
+				if r.Err != nil {
+					b.Error(r.Err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if n := len(p.PreparedClaims()); n != 512 {
+		b.Fatalf("%d prepared", n)
+	}
+	after := heap()
+	st, err := os.Stat(filepath.Join(e.pluginDir, "checkpoint.json"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var d []time.Duration
+	un := []kubeletplugin.NamespacedObject{{UID: extra.UID}}
+	for b.Loop() {
+		start := time.Now()
+		if res, err := p.PrepareResourceClaims(e.ctx, []*resourceapi.ResourceClaim{extra}); err != nil || res[extra.UID].Err != nil {
+			b.Fatal(err)
+		}
+		d = append(d, time.Since(start))
+		b.StopTimer()
+		if _, err := p.UnprepareResourceClaims(e.ctx, un); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
+	reportPercentiles(b, d)
+	b.ReportMetric(float64(after-before)/(1<<20), "heap-MiB")
+	b.ReportMetric(float64(st.Size())/1024, "checkpoint-KiB")
+}
