@@ -30,7 +30,7 @@ func newMock(t testing.TB, gpus int) *nvmlbackend.Mock {
 
 // createMIG makes a MIG device (GPU instance + full compute instance) of
 // the GPU instance profile at the placement start, enabling MIG mode first.
-func createMIG(t *testing.T, lib nvml.Interface, gpu, giProfile, start int) {
+func createMIG(t testing.TB, lib nvml.Interface, gpu, giProfile, start int) {
 	t.Helper()
 	dev, ret := lib.DeviceGetHandleByIndex(gpu)
 	if ret != nvml.SUCCESS {
@@ -61,6 +61,11 @@ func createMIG(t *testing.T, lib nvml.Interface, gpu, giProfile, start int) {
 func discover(t *testing.T, lib nvml.Interface) (*discovery.Node, []GPU) {
 	t.Helper()
 	_, ctx := ktesting.NewTestContext(t)
+	return discoverTB(t, ctx, lib)
+}
+
+func discoverTB(t testing.TB, ctx context.Context, lib nvml.Interface) (*discovery.Node, []GPU) {
+	t.Helper()
 	node, err := discovery.Discover(ctx, lib)
 	if err != nil {
 		t.Fatal(err)
