@@ -163,7 +163,7 @@ func TestDefaultRender(t *testing.T) {
 			t.Error("the driver root must be mounted read-only")
 		}
 	}
-	for _, arg := range []string{"--dra=true", "--device-plugin=false", "--node-name=$(NODE_NAME)", "--rolling-update-uid=$(POD_UID)"} {
+	for _, arg := range []string{"--node-name=$(NODE_NAME)", "--backend=nvml", "--config=/etc/tessera/partition/partition.yaml"} {
 		if !slices.Contains(c.Args, arg) {
 			t.Errorf("node args %v lack %s", c.Args, arg)
 		}
@@ -239,17 +239,11 @@ var combinations = []struct {
 }{
 	{
 		name:   "device plugin only",
-		values: `node: {dra: {enabled: false}, devicePlugin: {enabled: true, resourcePrefix: nvidia.com, replicas: 4}}`,
+		values: `node: {dra: {enabled: false}, devicePlugin: {enabled: true}}`,
 		check: func(t *testing.T, r *deployments.Rendered) {
 			ds := typed(t, r, "DaemonSet", "", &appsv1.DaemonSet{})
 			if got, want := hostPaths(ds.Spec.Template.Spec), []string{"/", "/var/lib/kubelet/device-plugins"}; !slices.Equal(got, want) {
 				t.Errorf("host paths = %v, want %v: no DRA sockets, CDI or MPS dirs without DRA", got, want)
-			}
-			args := ds.Spec.Template.Spec.Containers[0].Args
-			for _, a := range []string{"--dra=false", "--device-plugin=true", "--device-plugin-resource-prefix=nvidia.com", "--device-plugin-replicas=4"} {
-				if !slices.Contains(args, a) {
-					t.Errorf("args %v lack %s", args, a)
-				}
 			}
 			role := typed(t, r, "ClusterRole", "tessera-node", &rbacv1.ClusterRole{})
 			if hasRule(role.Rules, "resource.k8s.io", "resourceslices", "create") || hasRule(role.Rules, "resource.k8s.io", "resourceclaims", "get") {
@@ -403,7 +397,8 @@ func checkPartition(t *testing.T, r *deployments.Rendered, ok func(*partition.Co
 
 func TestInvalidValues(t *testing.T) {
 	for _, tc := range []struct{ values, want string }{
-		{`node: {nvml: fake}`, "/node/nvml"},
+		{`node: {backend: "mock:dgx1"}`, "/node/backend"},
+		{`node: {backend: "nvml:relative/lib.so"}`, "/node/backend"},
 		{`node: {bogus: 1}`, "bogus"},
 		{`scheduler: {replicas: "two"}`, "/scheduler/replicas"},
 		{`image: {digest: "sha256:abc"}`, "/image/digest"},
@@ -416,8 +411,10 @@ func TestInvalidValues(t *testing.T) {
 		{`node: {partition: {default: {gpus: [{}]}}}`, "mode"},
 		{`node: {resyncPeriod: "1 minute"}`, "/node/resyncPeriod"},
 		{`node: {securityProfile: root}`, "/node/securityProfile"},
-		{`node: {devicePlugin: {resourcePrefix: "Not A Domain"}}`, "/node/devicePlugin/resourcePrefix"},
-		{`node: {health: {ignoredXIDs: [13, 13]}}`, "/node/health/ignoredXIDs"},
+		{`node: {health: {benignXIDs: [13, 13]}}`, "/node/health/benignXIDs"},
+		{`node: {health: {probeInterval: often}}`, "/node/health/probeInterval"},
+		{`scheduler: {gpuDrivers: ["Not A Driver"]}`, "/scheduler/gpuDrivers/0"},
+		{`scheduler: {parallelism: 0}`, "/scheduler/parallelism"},
 		{`node: {dra: {enabled: false}, devicePlugin: {enabled: false}}`, "node.dra.enabled and node.devicePlugin.enabled are both false"},
 		{`scheduler: {leaderElection: {enabled: false}}`, "needs scheduler.leaderElection.enabled=true"},
 		{`scheduler: {podDisruptionBudget: {minAvailable: 2}}`, "must be below scheduler.replicas"},
