@@ -123,7 +123,7 @@ func (w *Writer) Write(claimUID types.UID, record []byte, devices []Device) ([]s
 		spec.Devices = append(spec.Devices, cd)
 		ids = append(ids, DeviceID(claimUID, d.Name))
 	}
-	version, err := cdiapi.MinimumRequiredVersion(spec)
+	version, err := cdispec.MinimumRequiredVersion(spec)
 	if err != nil {
 		return nil, fmt.Errorf("CDI spec version for claim %s: %w", claimUID, err)
 	}
