@@ -144,7 +144,15 @@ func newEnvWith(t testing.TB, gpus int, config string) *env {
 		stopAgent()
 		<-agentDone
 	})
-	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+	waitPublished(t, e)
+	e.node, _ = e.agent.Snapshot()
+	return e
+}
+
+// waitPublished waits until the agent published the node's whole pool.
+func waitPublished(t testing.TB, e *env) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(e.ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		if !e.agent.Ready() {
 			return false, nil
 		}
@@ -164,8 +172,6 @@ func newEnvWith(t testing.TB, gpus int, config string) *env {
 	if err != nil {
 		t.Fatalf("node agent did not publish: %v", err)
 	}
-	e.node, _ = e.agent.Snapshot()
-	return e
 }
 
 func (e *env) options() Options {
