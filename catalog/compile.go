@@ -30,6 +30,8 @@ type compiled struct {
 	roles  map[string]Role
 	// ownerKinds are the kinds between the workload and its pods.
 	ownerKinds []schema.GroupVersionKind
+	// podMetaOnly: every pod-side expression reads only pod metadata.
+	podMetaOnly bool
 }
 
 type component struct {
@@ -170,6 +172,12 @@ func compileSpec(d *Definition) (*compiled, error) {
 				return nil, err
 			}
 			c.groups = append(c.groups, g)
+		}
+	}
+	c.podMetaOnly = true
+	for _, e := range c.podExprs() {
+		if !readsOnlyMetadata(e.src) {
+			c.podMetaOnly = false
 		}
 	}
 	roles, err := parseRoles(d.Annotations[AnnotationRoles])
@@ -362,4 +370,23 @@ func parseRoles(s string) (map[string]Role, error) {
 		}
 	}
 	return roles, nil
+}
+
+// podExprs lists the expressions evaluated on pods.
+func (c *compiled) podExprs() []*expr {
+	var out []*expr
+	for _, comp := range c.comps {
+		for _, e := range []*expr{comp.typeSel, comp.instSel, comp.replicaSel} {
+			if e != nil {
+				out = append(out, e)
+			}
+		}
+	}
+	for _, g := range c.groups {
+		for _, m := range g.members {
+			out = append(out, m.groupBy...)
+			out = append(out, m.filters...)
+		}
+	}
+	return out
 }

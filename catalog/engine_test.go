@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -363,3 +364,71 @@ func TestMatchPod(t *testing.T) {
 		})
 	}
 }
+
+func TestReadsOnlyMetadata(t *testing.T) {
+	for src, want := range map[string]bool{
+		`.metadata.labels["training.kubeflow.org/replica-type"]`:                       true,
+		`(.metadata.labels["a"] // "") | ascii_downcase`:                               true,
+		`(.metadata.labels["leaderworkerset.sigs.k8s.io/worker-index"] // "0") != "0"`: true,
+		`.metadata.annotations["x"] | split("-") | last`:                               true,
+		`(.spec.containers[0].resources.limits["nvidia.com/gpu"] // 0) > 0`:            false,
+		`.metadata | .labels.x`:         false,
+		`.`:                             false,
+		`..`:                            false,
+		`.status.phase`:                 false,
+		`.metadata.labels as $l | $l.x`: true,
+	} {
+		if got := readsOnlyMetadata(src); got != want {
+			t.Errorf("%s: %v, want %v", src, got, want)
+		}
+	}
+}
+
+// TestMatchPodFilterOnSpec: a filter reading the pod spec is evaluated on the
+// whole pod, not on its metadata only.
+func TestMatchPodFilterOnSpec(t *testing.T) {
+	defs, err := ParseDefinitions([]byte(`apiVersion: run.ai/v1alpha1
+kind: Karta
+metadata: {name: gpu-only}
+spec:
+  structureDefinition:
+    rootComponent: {name: r, kind: {group: g, version: v1, kind: K}}
+    childComponents:
+    - {name: c, ownerRef: r, specDefinition: {podTemplateSpecPath: .spec.template}, scaleDefinition: {replicasPath: .spec.count}}
+  optimizationInstructions:
+    gangScheduling:
+      podGroups:
+      - name: gpus
+        members:
+        - componentName: c
+          filters: ['(.spec.containers[0].resources.limits["nvidia.com/gpu"] // 0 | tonumber) > 0']
+`), "d.yaml", SourceFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(defs, WithoutBuiltins())
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := c.Map(obj(t, "apiVersion: g/v1\nkind: K\nmetadata: {name: o}\nspec: {count: 3, template: {spec: {containers: [{name: c, resources: {limits: {nvidia.com/gpu: 1}}}]}}}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(w.Gangs) != 1 || w.Gangs[0].MinMember != 3 {
+		t.Fatalf("gangs %+v", w.Gangs)
+	}
+	gpuPod := pod("a", nil)
+	gpuPod.Spec.Containers = []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"nvidia.com/gpu": resourceQuantity("1")}}}}
+	m, err := c.MatchPod(context.Background(), w, gpuPod, nil)
+	if err != nil || m.Gang == nil {
+		t.Errorf("GPU pod: %+v %v", m, err)
+	}
+	cpuPod := pod("b", nil)
+	cpuPod.Spec.Containers = []corev1.Container{{Name: "c"}}
+	m, err = c.MatchPod(context.Background(), w, cpuPod, nil)
+	if err != nil || m.Gang != nil {
+		t.Errorf("CPU pod: %+v %v", m, err)
+	}
+}
+
+func resourceQuantity(s string) resource.Quantity { return resource.MustParse(s) }

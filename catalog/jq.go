@@ -98,53 +98,87 @@ func (e *expr) wrap(err error) error {
 }
 
 // normalize converts a decoded object (unstructured content uses int64) into the
-// value types gojq accepts, copying maps and slices.
+// value types gojq accepts. It copies only the maps and slices on the way to a
+// value it must convert, so results may share structure with the input: neither
+// is ever modified.
 func normalize(v any) any {
+	out, _ := norm(v)
+	return out
+}
+
+func norm(v any) (any, bool) {
 	switch x := v.(type) {
 	case map[string]any:
-		m := make(map[string]any, len(x))
+		var out map[string]any
 		for k, e := range x {
-			m[k] = normalize(e)
+			ne, changed := norm(e)
+			drop := k == "managedFields" // server-side apply bookkeeping: large, never read
+			if !changed && !drop {
+				continue
+			}
+			if out == nil {
+				out = make(map[string]any, len(x))
+				for k2, e2 := range x {
+					out[k2] = e2
+				}
+			}
+			if drop {
+				delete(out, k)
+			} else {
+				out[k] = ne
+			}
 		}
-		return m
+		if out != nil {
+			return out, true
+		}
+		return x, false
 	case []any:
-		s := make([]any, len(x))
+		var out []any
 		for i, e := range x {
-			s[i] = normalize(e)
+			ne, changed := norm(e)
+			if !changed {
+				continue
+			}
+			if out == nil {
+				out = make([]any, len(x))
+				copy(out, x)
+			}
+			out[i] = ne
 		}
-		return s
+		if out != nil {
+			return out, true
+		}
+		return x, false
+	case nil, bool, string, float64, int:
+		return x, false
 	case int64:
-		return int(x)
+		return int(x), true
 	case int32:
-		return int(x)
-	case int:
-		return x
+		return int(x), true
 	case uint64:
 		if x > math.MaxInt64 {
-			return float64(x)
+			return float64(x), true
 		}
-		return int(x)
+		return int(x), true
 	case float32:
-		return float64(x)
+		return float64(x), true
 	case json.Number:
 		if i, err := x.Int64(); err == nil {
-			return int(i)
+			return int(i), true
 		}
 		f, _ := x.Float64()
-		return f
-	case nil, bool, string, float64:
-		return x
+		return f, true
 	default:
 		// Anything else (a typed struct) goes through JSON.
 		b, err := json.Marshal(x)
 		if err != nil {
-			return nil
+			return nil, true
 		}
 		var out any
 		if json.Unmarshal(b, &out) != nil {
-			return nil
+			return nil, true
 		}
-		return normalize(out)
+		return normalize(out), true
 	}
 }
 

@@ -3,8 +3,8 @@ package catalog
 import (
 	"context"
 	"fmt"
-	"regexp"
 	"strconv"
+	"strings"
 )
 
 // instance is one instance of a component in a mapped object.
@@ -318,8 +318,21 @@ func (c *compiled) assemble(ctx context.Context, comp *component, obj map[string
 	return out, nil
 }
 
-var leaderNameRE = regexp.MustCompile(`(?i)(head|leader|master|launcher|driver|coordinator|chief)`)
-var serviceNameRE = regexp.MustCompile(`(?i)(frontend|router|gateway|proxy)`)
+// Names that, without a role annotation, make a component a leader or a service.
+var (
+	leaderWords  = []string{"head", "leader", "master", "launcher", "driver", "coordinator", "chief"}
+	serviceWords = []string{"frontend", "router", "gateway", "proxy"}
+)
+
+func containsAny(name string, words []string) bool {
+	name = strings.ToLower(name)
+	for _, w := range words {
+		if strings.Contains(name, w) {
+			return true
+		}
+	}
+	return false
+}
 
 func (c *compiled) role(in *instance, inGang bool) Role {
 	if r, ok := c.roles[in.id]; ok && in.id != "" {
@@ -333,9 +346,9 @@ func (c *compiled) role(in *instance, inGang bool) Role {
 		name = in.id
 	}
 	switch {
-	case leaderNameRE.MatchString(name):
+	case containsAny(name, leaderWords):
 		return RoleLeader
-	case serviceNameRE.MatchString(name):
+	case containsAny(name, serviceWords):
 		return RoleService
 	case inGang:
 		return RoleWorker

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -52,13 +53,19 @@ func (c *Catalog) MatchPod(ctx context.Context, w *Workload, pod *corev1.Pod, ow
 	if !ok {
 		return nil, fmt.Errorf("%s: %w", GVKString(w.GroupVersionKind()), ErrUnknownKind)
 	}
-	raw, err := runtime.DefaultUnstructuredConverter.ToUnstructured(pod)
-	if err != nil {
-		return nil, fmt.Errorf("converting pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	var podObj map[string]any
+	if cd.podMetaOnly {
+		podObj = podMetadataObject(pod)
+	} else {
+		raw, err := runtime.DefaultUnstructuredConverter.ToUnstructured(pod)
+		if err != nil {
+			return nil, fmt.Errorf("converting pod %s/%s: %w", pod.Namespace, pod.Name, err)
+		}
+		podObj = normalize(raw).(map[string]any)
 	}
 	ctx, cancel := context.WithTimeout(ctx, EvaluationTimeout)
 	defer cancel()
-	m, err := cd.matchPod(ctx, w, normalize(raw).(map[string]any), ownerKinds)
+	m, err := cd.matchPod(ctx, w, podObj, ownerKinds)
 	if err != nil {
 		var e *Error
 		if errors.As(err, &e) {
@@ -214,4 +221,41 @@ func matchInstance(entries []*Component, id string) *Component {
 		}
 	}
 	return best
+}
+
+// podMetadataObject is the part of a pod that selectors usually read, built
+// without the reflection a full conversion costs; used when every pod-side
+// expression of a definition reads only metadata.
+func podMetadataObject(pod *corev1.Pod) map[string]any {
+	md := map[string]any{"name": pod.Name, "namespace": pod.Namespace, "uid": string(pod.UID)}
+	if pod.GenerateName != "" {
+		md["generateName"] = pod.GenerateName
+	}
+	if len(pod.Labels) > 0 {
+		l := make(map[string]any, len(pod.Labels))
+		for k, v := range pod.Labels {
+			l[k] = v
+		}
+		md["labels"] = l
+	}
+	if len(pod.Annotations) > 0 {
+		a := make(map[string]any, len(pod.Annotations))
+		for k, v := range pod.Annotations {
+			a[k] = v
+		}
+		md["annotations"] = a
+	}
+	return map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": md}
+}
+
+var (
+	metadataRefRE = regexp.MustCompile(`\.metadata(\.[A-Za-z_][A-Za-z0-9_]*|\[\s*"[^"]*"\s*\])*`)
+	otherRefRE    = regexp.MustCompile(`(^|[^A-Za-z0-9_"\]\)])\.[A-Za-z_\["]|\.\.|\$__loc__|\binput\b|\bpaths\b|\btojson\b|\bkeys\b`)
+)
+
+// readsOnlyMetadata tells (conservatively) whether a pod-side expression reads
+// nothing but .metadata paths; when unsure it says no.
+func readsOnlyMetadata(src string) bool {
+	rest := metadataRefRE.ReplaceAllString(src, "")
+	return !otherRefRE.MatchString(rest) && !strings.Contains(rest, " . ") && strings.TrimSpace(rest) != "."
 }
