@@ -2,28 +2,52 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/spf13/cobra"
+	"k8s.io/component-base/logs"
 
 	"github.com/tessera-gpu/tessera/cmd/internal/version"
+	"github.com/tessera-gpu/tessera/nodeagent/agent"
 )
 
 func main() {
-	if err := newRootCommand().Execute(); err != nil {
+	// The DRA kubelet plugin and the device plugin join here as extra
+	// components: each is an agent.Component that runs beside the agent.
+	var components []agent.Component
+	if err := newRootCommand(components).Execute(); err != nil {
+		logs.FlushLogs()
 		fmt.Fprintln(os.Stderr, "error:", err)
 		os.Exit(1)
 	}
+	logs.FlushLogs()
 }
 
-func newRootCommand() *cobra.Command {
+func newRootCommand(components []agent.Component) *cobra.Command {
+	o := newOptions()
 	cmd := &cobra.Command{
-		Use:           "tessera-node",
-		Short:         "tessera-node discovers the GPUs of one node and publishes them through DRA",
+		Use:   "tessera-node",
+		Short: "tessera-node discovers the GPUs of one node and publishes them through DRA",
+		Long: `tessera-node discovers the GPUs of one node through NVML, carves them into whole
+GPUs, MIG devices and shared fractions as its partition config says, and
+publishes them as DRA ResourceSlices of the driver gpu.tessera.dev.`,
 		Version:       version.Get().String(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Args:          cobra.NoArgs,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			return o.applyLogging()
+		},
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return run(ctx, o, components)
+		},
 	}
+	o.addFlags(cmd.Flags())
 	return cmd
 }

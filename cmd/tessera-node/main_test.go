@@ -1,0 +1,214 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+
+	"github.com/tessera-gpu/tessera/test/framework"
+)
+
+// The tests run the real binary: this test binary re-executes itself with
+// runMainEnv set, which makes TestMain call main() with the given arguments,
+// so exit codes and output are exactly the binary's.
+const runMainEnv = "TESSERA_NODE_TEST_RUN_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(runMainEnv) == "1" {
+		main()
+		os.Exit(0)
+	}
+	os.Exit(framework.Run(m))
+}
+
+type result struct {
+	output string
+	code   int
+}
+
+func command(args ...string) (*exec.Cmd, *bytes.Buffer) {
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), runMainEnv+"=1", "NODE_NAME=")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	return cmd, &out
+}
+
+func runBinary(t *testing.T, args ...string) result {
+	t.Helper()
+	cmd, out := command(args...)
+	done := make(chan error, 1)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		var exit *exec.ExitError
+		if err != nil && !errors.As(err, &exit) {
+			t.Fatal(err)
+		}
+		return result{output: out.String(), code: cmd.ProcessState.ExitCode()}
+	case <-time.After(60 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+		t.Fatalf("tessera-node %v did not exit; output:\n%s", args, out.String())
+	}
+	return result{}
+}
+
+// expectCleanFailure checks a non-zero exit with a message and no panic.
+func expectCleanFailure(t *testing.T, r result, want ...string) {
+	t.Helper()
+	if r.code == 0 {
+		t.Fatalf("exit code 0, want failure; output:\n%s", r.output)
+	}
+	if strings.Contains(r.output, "panic") || strings.Contains(r.output, "goroutine ") {
+		t.Fatalf("the binary panicked:\n%s", r.output)
+	}
+	for _, w := range want {
+		if !strings.Contains(r.output, w) {
+			t.Fatalf("output lacks %q:\n%s", w, r.output)
+		}
+	}
+}
+
+func TestBadConfigExits(t *testing.T) {
+	dir := t.TempDir()
+	for name, tc := range map[string]struct{ content, want string }{
+		"unknown field":   {"default:\n  gpus:\n  - mode: whole\n    profle: [1g.10gb]\n", `unknown field "profle"`},
+		"unknown mode":    {"default:\n  gpus:\n  - mode: fractional\n", `default.gpus[0].mode: Unsupported value: "fractional"`},
+		"bad profile":     {"default:\n  gpus:\n  - mode: dynamicMIG\n    profiles: [big]\n", `default.gpus[0].profiles[0]: Invalid value: "big"`},
+		"no selector":     {"nodes:\n- gpus: [{mode: whole}]\n", `nodes[0].nodeSelector: Required value`},
+		"not yaml at all": {"{{{", "partition config"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(dir, strings.ReplaceAll(name, " ", "-")+".yaml")
+			if err := os.WriteFile(path, []byte(tc.content), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			r := runBinary(t, "--node-name=n1", "--backend=mock:dgxh100?gpus=1", "--config="+path, "--http-address=")
+			expectCleanFailure(t, r, path, tc.want)
+		})
+	}
+	t.Run("missing file", func(t *testing.T) {
+		r := runBinary(t, "--node-name=n1", "--backend=mock:dgxh100", "--config=/nonexistent/partition.yaml")
+		expectCleanFailure(t, r, "/nonexistent/partition.yaml", "no such file")
+	})
+	t.Run("no node name", func(t *testing.T) {
+		r := runBinary(t, "--backend=mock:dgxh100")
+		expectCleanFailure(t, r, "--node-name")
+	})
+	t.Run("bad backend", func(t *testing.T) {
+		r := runBinary(t, "--node-name=n1", "--backend=mock:dgx1")
+		expectCleanFailure(t, r, `unknown mock machine "dgx1"`)
+	})
+}
+
+func TestMissingNVIDIALibraryExits(t *testing.T) {
+	r := runBinary(t, "--node-name=n1", "--backend=nvml:/nonexistent/libnvidia-ml.so.1", "--http-address=")
+	expectCleanFailure(t, r, "libnvidia-ml.so.1) not found")
+	if lines := strings.Split(strings.TrimSpace(r.output), "\n"); len(lines) != 1 {
+		t.Fatalf("want one line, got %d:\n%s", len(lines), r.output)
+	}
+}
+
+func TestUnreachableAPIServerExits(t *testing.T) {
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := framework.WriteKubeconfig(&rest.Config{Host: "https://127.0.0.1:1"}, kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	r := runBinary(t, "--node-name=n1", "--backend=mock:dgxh100?gpus=1", "--kubeconfig="+kubeconfig, "--startup-timeout=2s", "--http-address=")
+	expectCleanFailure(t, r, `get Node "n1" from the API server`, "connection refused")
+}
+
+func TestServesAndStops(t *testing.T) {
+	cp := framework.Shared(t)
+	client := cp.Client(t)
+	node, err := client.CoreV1().Nodes().Create(context.Background(), &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: framework.UniqueName("bin-node")}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.CoreV1().Nodes().Delete(context.Background(), node.Name, metav1.DeleteOptions{}) })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+
+	cmd, out := command("--node-name="+node.Name, "--backend=mock:dgxb200?gpus=3", "--kubeconfig="+cp.KubeconfigPath, "--http-address="+addr)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(done)
+	}()
+	defer func() {
+		select {
+		case <-done:
+		default:
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	}()
+
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer func() { _ = resp.Body.Close() }()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		code, body := get("/readyz")
+		if code == http.StatusOK {
+			if !strings.Contains(body, "3 whole") {
+				t.Fatalf("/readyz: %s", body)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never ready (last %d %s); output:\n%s", code, body, out.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if code, _ := get("/healthz"); code != http.StatusOK {
+		t.Fatalf("/healthz: %d", code)
+	}
+	_, metrics := get("/metrics")
+	want := `tessera_node_devices_published{node="` + node.Name + `",type="gpu"} 3`
+	if !strings.Contains(metrics, want) {
+		t.Fatalf("/metrics lacks %s", want)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+		if code := cmd.ProcessState.ExitCode(); code != 0 {
+			t.Fatalf("exit code %d after SIGTERM; output:\n%s", code, out.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("did not stop after SIGTERM; output:\n%s", out.String())
+	}
+}

@@ -1,0 +1,204 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/component-base/featuregate"
+	logsapi "k8s.io/component-base/logs/api/v1"
+	"k8s.io/component-base/metrics/legacyregistry"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/nodeagent/agent"
+	"github.com/tessera-gpu/tessera/nodeagent/health"
+	"github.com/tessera-gpu/tessera/nodeagent/nvmlbackend"
+	"github.com/tessera-gpu/tessera/nodeagent/partition"
+)
+
+type options struct {
+	nodeName       string
+	kubeconfig     string
+	backend        string
+	configPath     string
+	httpAddress    string
+	resyncPeriod   time.Duration
+	startupTimeout time.Duration
+	benignXIDs     []uint
+	xidRecovery    time.Duration
+	probeInterval  time.Duration
+
+	logging     *logsapi.LoggingConfiguration
+	featureGate featuregate.MutableVersionedFeatureGate
+}
+
+func newOptions() *options {
+	o := &options{
+		nodeName:       os.Getenv("NODE_NAME"),
+		backend:        nvmlbackend.Real,
+		httpAddress:    ":8080",
+		resyncPeriod:   time.Minute,
+		startupTimeout: 30 * time.Second,
+		probeInterval:  10 * time.Second,
+		logging:        logsapi.NewLoggingConfiguration(),
+		featureGate:    featuregate.NewFeatureGate(),
+	}
+	// Logging features (contextual logging, JSON options) are the only
+	// feature gates so far; tessera's own would be added to the same gate.
+	if err := logsapi.AddFeatureGates(o.featureGate); err != nil {
+		panic(fmt.Sprintf("register logging feature gates: %v", err)) // programming error, at init
+	}
+	return o
+}
+
+func (o *options) addFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.nodeName, "node-name", o.nodeName, "Name of the Node this agent runs on (default $NODE_NAME).")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Path to a kubeconfig; empty uses the in-cluster service account.")
+	fs.StringVar(&o.backend, "backend", o.backend, fmt.Sprintf("NVML backend: %q (libnvidia-ml.so.1), %q, or %q<machine>[?gpus=N] with machine one of %s.", nvmlbackend.Real, nvmlbackend.Real+":<library path>", nvmlbackend.MockPrefix, strings.Join(nvmlbackend.MockMachines(), ", ")))
+	fs.StringVar(&o.configPath, "config", "", "Partition config file (YAML, see docs/nodeagent.md); empty offers every GPU whole. Read again at every resync.")
+	fs.StringVar(&o.httpAddress, "http-address", o.httpAddress, "Address for /healthz, /readyz and /metrics; empty disables the endpoint.")
+	fs.DurationVar(&o.resyncPeriod, "resync-period", o.resyncPeriod, "How often GPUs and the partition config are read again.")
+	fs.DurationVar(&o.startupTimeout, "startup-timeout", o.startupTimeout, "How long to wait for the API server and the Node at start before exiting with an error.")
+	fs.UintSliceVar(&o.benignXIDs, "benign-xids", nil, fmt.Sprintf("XIDs to ignore in addition to the built-in %v.", health.DefaultBenignXIDs))
+	fs.DurationVar(&o.xidRecovery, "xid-recovery-period", 0, "A GPU that answers NVML this long after its last critical XID or ECC error loses its taint; 0 keeps the taint until restart.")
+	fs.DurationVar(&o.probeInterval, "health-probe-interval", o.probeInterval, "How often each GPU is probed for being lost or back.")
+	logsapi.AddFlags(o.logging, fs)
+	o.featureGate.AddFlag(fs)
+}
+
+func (o *options) applyLogging() error {
+	if err := logsapi.ValidateAndApply(o.logging, o.featureGate); err != nil {
+		return fmt.Errorf("logging flags: %w", err)
+	}
+	return nil
+}
+
+// validate checks what can be checked before anything is started, so that a
+// bad flag or config file exits at once with a message naming it.
+func (o *options) validate() (*partition.Config, error) {
+	if o.nodeName == "" {
+		return nil, errors.New("--node-name (or $NODE_NAME) is required")
+	}
+	if o.resyncPeriod <= 0 {
+		return nil, fmt.Errorf("--resync-period must be positive, got %s", o.resyncPeriod)
+	}
+	if o.startupTimeout <= 0 {
+		return nil, fmt.Errorf("--startup-timeout must be positive, got %s", o.startupTimeout)
+	}
+	if o.probeInterval <= 0 {
+		return nil, fmt.Errorf("--health-probe-interval must be positive, got %s", o.probeInterval)
+	}
+	if _, err := nvmlbackend.ParseSpec(o.backend); err != nil {
+		return nil, fmt.Errorf("--backend: %w", err)
+	}
+	if o.configPath == "" {
+		return nil, nil
+	}
+	return partition.Load(o.configPath)
+}
+
+func (o *options) restConfig() (*rest.Config, error) {
+	if o.kubeconfig == "" {
+		cfg, err := rest.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("no --kubeconfig given and not running in a cluster: %w", err)
+		}
+		return cfg, nil
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", o.kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("--kubeconfig %s: %w", o.kubeconfig, err)
+	}
+	return cfg, nil
+}
+
+// run is the whole binary: check, open NVML, connect, serve endpoints, run
+// the agent (and the extra components) until ctx is done.
+func run(ctx context.Context, o *options, components []agent.Component) error {
+	logger := klog.FromContext(ctx)
+	cfg, err := o.validate()
+	if err != nil {
+		return err
+	}
+	lib, err := nvmlbackend.Open(o.backend)
+	if err != nil {
+		return err
+	}
+	defer lib.Shutdown()
+	restCfg, err := o.restConfig()
+	if err != nil {
+		return err
+	}
+	restCfg.UserAgent = "tessera-node"
+	client, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return fmt.Errorf("create Kubernetes client: %w", err)
+	}
+
+	var benign []uint64
+	for _, x := range o.benignXIDs {
+		benign = append(benign, uint64(x))
+	}
+	a, err := agent.New(agent.Options{
+		KubeClient:     client,
+		NodeName:       o.nodeName,
+		NVML:           lib,
+		Config:         cfg,
+		ConfigPath:     o.configPath,
+		Monitor:        &health.MonitorOptions{ExtraBenignXIDs: benign, ProbeInterval: o.probeInterval, XIDRecovery: o.xidRecovery},
+		ResyncPeriod:   o.resyncPeriod,
+		StartupTimeout: o.startupTimeout,
+		Components:     components,
+	})
+	if err != nil {
+		return err
+	}
+
+	if o.httpAddress != "" {
+		ln, err := net.Listen("tcp", o.httpAddress)
+		if err != nil {
+			return fmt.Errorf("--http-address: %w", err)
+		}
+		srv := &http.Server{Handler: endpoints(a), ReadHeaderTimeout: 10 * time.Second}
+		go func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				logger.Error(err, "HTTP endpoint stopped")
+			}
+		}()
+		defer func() {
+			shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(shutdownCtx)
+		}()
+		logger.Info("Serving /healthz, /readyz and /metrics", "address", ln.Addr().String())
+	}
+	logger.Info("Starting", "node", o.nodeName, "backend", o.backend, "config", o.configPath)
+	return a.Run(ctx)
+}
+
+func endpoints(a *agent.Agent) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !a.Ready() {
+			http.Error(w, "not published yet", http.StatusServiceUnavailable)
+			return
+		}
+		c := a.Counts()
+		_, _ = w.Write([]byte("ok: " + strconv.Itoa(c.Whole) + " whole, " + strconv.Itoa(c.MIG) + " MIG, " + strconv.Itoa(c.Shared) + " shared\n"))
+	})
+	mux.Handle("/metrics", legacyregistry.Handler())
+	return mux
+}
