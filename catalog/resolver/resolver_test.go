@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -256,6 +257,21 @@ func TestResolveOnAPIServer(t *testing.T) {
 	if n := requests.Load() - before; n != 0 {
 		t.Errorf("resolving made %d API requests; it must read only the informer caches", n)
 	}
+
+	// Concurrent lookups (the scheduler resolves from several workers).
+	var wg sync.WaitGroup
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, tc := range cases {
+				if _, err := r.Resolve(ctx, tc.pod); err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
 
 	// An owner the cache does not have (deleted, or not yet seen): ErrOwnerNotFound.
 	ghost := cases[0].pod.DeepCopy()
