@@ -47,7 +47,7 @@ generate:
 	$(GO) generate ./...
 
 demo: k8s-bin build
-	$(BIN)/tessera sandbox up $(DEMO_ARGS)
+	$(BIN)/tessera sandbox up --scenario demo $(DEMO_ARGS)
 
 clean:
 	rm -rf $(BIN)/tessera $(BIN)/tessera-node $(BIN)/tessera-scheduler

@@ -1,6 +1,9 @@
 // Package sandbox runs a local tessera cluster: the real control plane from
-// test/framework plus simulated GPU nodes. `tessera sandbox up` and the demo
-// (`make demo`) drive it.
+// test/framework (etcd, kube-apiserver, kube-controller-manager), simulated GPU
+// nodes — each a simulated kubelet plus tessera-node's agent and kubelet DRA
+// plugin on a mock NVML backend, over real sockets — and tessera-scheduler,
+// with the CRDs, DeviceClasses and example queues installed. `tessera sandbox
+// up` and the demo (`make demo`) drive it.
 package sandbox
 
 import (
@@ -15,17 +18,39 @@ import (
 	"syscall"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
+	"github.com/tessera-gpu/tessera/deployments/crds"
+	"github.com/tessera-gpu/tessera/deployments/deviceclasses"
+	"github.com/tessera-gpu/tessera/nodeagent/nvmlbackend"
+	"github.com/tessera-gpu/tessera/nodeagent/partition"
 	"github.com/tessera-gpu/tessera/test/framework"
 )
 
 // Options configure a sandbox.
 type Options struct {
-	// StateDir holds the sandbox's pid file, kubeconfig and control-plane state.
+	// StateDir holds the sandbox's pid file, kubeconfig, control-plane state
+	// and the nodes' plugin directories.
 	StateDir string
 	// Out receives the narration.
 	Out io.Writer
+	// Nodes is the number of simulated GPU nodes (default 4).
+	Nodes int
+	// GPU is the mock machine of every node: a100, h100, h200 or b200
+	// (default h100: DGX H100, 8 GPUs).
+	GPU string
+	// MIG offers GPUs 0–3 of the last node as dynamic MIG devices.
+	MIG bool
+	// Shared offers GPUs 4–7 of the last node as shared GPUs (fractions).
+	Shared bool
+	// Scenario is "" (none) or "demo".
+	Scenario string
+	// Keep keeps the sandbox running after the scenario until ctx ends.
+	Keep bool
+	// Speed divides the scenario's simulated run times (default 1).
+	Speed float64
 }
 
 // DefaultStateDir is where `tessera sandbox up` keeps its state, so that
@@ -43,12 +68,60 @@ func DefaultStateDir() string {
 
 const pidFile = "sandbox.pid"
 
-// Up starts the sandbox and blocks until ctx is cancelled, then stops
+// Sandbox is a running sandbox.
+type Sandbox struct {
+	opts       Options
+	out        io.Writer
+	start      time.Time
+	cp         *framework.ControlPlane
+	client     kubernetes.Interface
+	config     *rest.Config
+	nodes      []*simNode
+	scheduler  *runningScheduler
+	kubeconfig string
+}
+
+func (o *Options) defaults() error {
+	if o.Nodes == 0 {
+		o.Nodes = 4
+	}
+	if o.Nodes < 1 || o.Nodes > 64 {
+		return fmt.Errorf("--nodes %d: must be between 1 and 64", o.Nodes)
+	}
+	if o.GPU == "" {
+		o.GPU = "h100"
+	}
+	machine := "dgx" + strings.ToLower(o.GPU)
+	if _, err := nvmlbackend.ParseSpec("mock:" + machine); err != nil {
+		return fmt.Errorf("--gpu %q: want a100, h100, h200 or b200", o.GPU)
+	}
+	if o.Speed <= 0 {
+		o.Speed = 1
+	}
+	switch o.Scenario {
+	case "", "demo":
+	default:
+		return fmt.Errorf("--scenario %q: the only scenario is demo", o.Scenario)
+	}
+	if o.Scenario == "demo" {
+		// The demo needs MIG and shared GPUs, and room for both teams.
+		o.MIG, o.Shared = true, true
+		if o.Nodes < 4 {
+			return fmt.Errorf("--scenario demo needs at least 4 nodes, got %d", o.Nodes)
+		}
+	}
+	if o.Out == nil {
+		o.Out = io.Discard
+	}
+	return nil
+}
+
+// Up starts the sandbox, runs the scenario if one is chosen, and blocks until
+// ctx is cancelled (or, without Keep, until the scenario ends). Then it stops
 // everything it started and removes its state.
-func Up(ctx context.Context, opts Options) error {
-	out := opts.Out
-	if out == nil {
-		out = io.Discard
+func Up(ctx context.Context, opts Options) (err error) {
+	if err := opts.defaults(); err != nil {
+		return err
 	}
 	if err := os.MkdirAll(opts.StateDir, 0o755); err != nil {
 		return fmt.Errorf("sandbox state dir: %w", err)
@@ -61,41 +134,225 @@ func Up(ctx context.Context, opts Options) error {
 	}
 	defer os.Remove(filepath.Join(opts.StateDir, pidFile))
 
-	cpDir := filepath.Join(opts.StateDir, "controlplane")
-	_ = os.RemoveAll(cpDir) // state of an earlier sandbox that was killed
-	started := time.Now()
-	cp, err := framework.Start(ctx, framework.Options{
-		Dir: cpDir,
-		Log: func(format string, args ...any) { fmt.Fprintf(out, "  "+format+"\n", args...) },
-	})
+	s, err := Start(ctx, opts)
 	if err != nil {
-		return fmt.Errorf("start control plane: %w", err)
-	}
-	defer func() {
-		fmt.Fprintln(out, "stopping the sandbox...")
-		cp.Stop()
-		_ = os.RemoveAll(cpDir)
-		_ = os.Remove(filepath.Join(opts.StateDir, "kubeconfig"))
-		fmt.Fprintln(out, "sandbox stopped; nothing left running.")
-	}()
-	kubeconfig := filepath.Join(opts.StateDir, "kubeconfig")
-	if err := framework.WriteKubeconfig(cp.Config, kubeconfig); err != nil {
 		return err
 	}
-	client, err := kubernetes.NewForConfig(cp.Config)
-	if err != nil {
-		return fmt.Errorf("client: %w", err)
+	defer func() {
+		if stopErr := s.Stop(); stopErr != nil && err == nil {
+			err = stopErr
+		}
+	}()
+	if opts.Scenario == "demo" {
+		res, err := s.RunDemo(ctx)
+		if err != nil {
+			return err
+		}
+		if !res.OK() {
+			return fmt.Errorf("demo scenario did not end as expected: %s", res.Problems())
+		}
+		if !opts.Keep {
+			return nil
+		}
+		fmt.Fprintf(s.out, "\n--keep: the sandbox stays up. Press Ctrl-C here, or run `tessera sandbox down`, to stop it.\n")
 	}
-	v, err := client.Discovery().ServerVersion()
-	if err != nil {
-		return fmt.Errorf("server version: %w", err)
-	}
-	fmt.Fprintf(out, "\ntessera sandbox is up in %s: Kubernetes %s at %s\n\n", time.Since(started).Round(100*time.Millisecond), v.GitVersion, cp.Config.Host)
-	fmt.Fprintf(out, "  export KUBECONFIG=%s\n", kubeconfig)
-	fmt.Fprintf(out, "  kubectl get --raw /version      # any kubectl v1.34+ works\n\n")
-	fmt.Fprintf(out, "Press Ctrl-C here, or run `tessera sandbox down` elsewhere, to stop it.\n")
 	<-ctx.Done()
 	return nil
+}
+
+// Start brings the sandbox up and returns once every node has published its
+// GPUs and the scheduler runs.
+func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
+	if err := opts.defaults(); err != nil {
+		return nil, err
+	}
+	s = &Sandbox{opts: opts, out: opts.Out, start: time.Now()}
+	defer func() {
+		if err != nil {
+			_ = s.Stop()
+		}
+	}()
+	cpDir := filepath.Join(opts.StateDir, "controlplane")
+	_ = os.RemoveAll(cpDir) // state of an earlier sandbox that was killed
+	s.say("starting the control plane (etcd, kube-apiserver, kube-controller-manager)")
+	s.cp, err = framework.Start(ctx, framework.Options{
+		Dir: cpDir,
+		Log: func(format string, args ...any) { s.say("  "+format, args...) },
+	})
+	if err != nil {
+		return nil, fmt.Errorf("start control plane: %w", err)
+	}
+	s.config = s.cp.Config
+	s.kubeconfig = filepath.Join(opts.StateDir, "kubeconfig")
+	if err := framework.WriteKubeconfig(s.config, s.kubeconfig); err != nil {
+		return nil, err
+	}
+	s.client, err = kubernetes.NewForConfig(s.config)
+	if err != nil {
+		return nil, fmt.Errorf("client: %w", err)
+	}
+
+	ap, err := newApplier(s.config)
+	if err != nil {
+		return nil, err
+	}
+	s.say("installing CRDs (Queue, PodGroup, WorkloadDefinition) and DeviceClasses")
+	if _, err := ap.applyFS(ctx, crds.FS); err != nil {
+		return nil, fmt.Errorf("install CRDs: %w", err)
+	}
+	if _, err := ap.applyFS(ctx, deviceclasses.FS); err != nil {
+		return nil, fmt.Errorf("install DeviceClasses: %w", err)
+	}
+
+	if err := s.startNodes(ctx); err != nil {
+		return nil, err
+	}
+	s.say("starting tessera-scheduler")
+	s.scheduler, err = startScheduler(ctx, s.config)
+	if err != nil {
+		return nil, err
+	}
+	s.say("creating the example queues (research → team-a, team-b) and namespaces")
+	if err := s.applyDemoFile(ctx, ap, "00-queues.yaml"); err != nil {
+		return nil, err
+	}
+
+	v, err := s.client.Discovery().ServerVersion()
+	if err != nil {
+		return nil, fmt.Errorf("server version: %w", err)
+	}
+	s.say("")
+	s.say("tessera sandbox is up in %s: Kubernetes %s at %s, %d simulated %s nodes", time.Since(s.start).Round(100*time.Millisecond), v.GitVersion, s.config.Host, len(s.nodes), strings.ToUpper(opts.GPU))
+	s.say("")
+	s.say("  export KUBECONFIG=%s", s.kubeconfig)
+	s.say("  tessera top                      # GPUs, queues and gangs, live")
+	s.say("  tessera get gangs -o json        # for scripts; any kubectl v1.34+ works too")
+	s.say("")
+	return s, nil
+}
+
+func (s *Sandbox) startNodes(ctx context.Context) error {
+	machine := "mock:dgx" + strings.ToLower(s.opts.GPU)
+	cfg := s.partitionConfig()
+	last := fmt.Sprintf("gpu-node-%d", s.opts.Nodes-1)
+	for i := range s.opts.Nodes {
+		name := fmt.Sprintf("gpu-node-%d", i)
+		labels := map[string]string{
+			"nvidia.com/gpu.present":    "true",
+			"topology.tessera.dev/rack": fmt.Sprintf("rack-%d", i/2),
+		}
+		if name == last && (s.opts.MIG || s.opts.Shared) {
+			labels[partitionLabel] = "mixed"
+		}
+		n, err := startNode(ctx, s.client, filepath.Join(s.opts.StateDir, "nodes", name), nodeSpec{
+			name: name, backend: machine, labels: labels, config: cfg,
+			bootID: "sandbox-" + strconv.FormatInt(s.start.UnixNano(), 10),
+		})
+		if err != nil {
+			return err
+		}
+		s.nodes = append(s.nodes, n)
+	}
+	desc := "whole GPUs"
+	if s.opts.MIG || s.opts.Shared {
+		var parts []string
+		if s.opts.MIG {
+			parts = append(parts, "GPUs 0-3 dynamic MIG")
+		}
+		if s.opts.Shared {
+			parts = append(parts, "GPUs 4-7 shared")
+		}
+		desc += "; " + last + ": " + strings.Join(parts, ", ")
+	}
+	s.say("starting %d simulated %s nodes (%s)", s.opts.Nodes, strings.ToUpper(s.opts.GPU), desc)
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		ready := 0
+		for _, n := range s.nodes {
+			if err := n.failed(); err != nil {
+				return fmt.Errorf("node %s: %w", n.name, err)
+			}
+			if n.ready() {
+				ready++
+			}
+		}
+		if ready == len(s.nodes) {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("only %d of %d nodes published their GPUs within 90s", ready, len(s.nodes))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	slices, err := s.client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("list ResourceSlices: %w", err)
+	}
+	devices := 0
+	for _, sl := range slices.Items {
+		devices += len(sl.Spec.Devices)
+	}
+	s.say("  %d nodes published %d ResourceSlices with %d devices", len(s.nodes), len(slices.Items), devices)
+	return nil
+}
+
+// partitionLabel selects the partition config entry of the mixed node.
+const partitionLabel = "tessera.dev/sandbox-partition"
+
+func (s *Sandbox) partitionConfig() *partition.Config {
+	var rules []partition.GPURule
+	if s.opts.MIG {
+		rules = append(rules, partition.GPURule{Indices: []int{0, 1, 2, 3}, Mode: partition.ModeDynamicMIG})
+	}
+	if s.opts.Shared {
+		rules = append(rules, partition.GPURule{Indices: []int{4, 5, 6, 7}, Mode: partition.ModeShared})
+	}
+	if len(rules) == 0 {
+		return nil
+	}
+	return &partition.Config{Nodes: []partition.NodeEntry{{
+		Name:         "sandbox-mixed",
+		NodeSelector: &metav1.LabelSelector{MatchLabels: map[string]string{partitionLabel: "mixed"}},
+		NodeConfig:   partition.NodeConfig{GPUs: rules},
+	}}}
+}
+
+// Config returns an admin client configuration for the sandbox's API server.
+func (s *Sandbox) Config() *rest.Config { return s.config }
+
+// Stop ends the scheduler, the nodes and the control plane, and removes the
+// sandbox's state. It is safe to call on a partly started sandbox.
+func (s *Sandbox) Stop() error {
+	s.say("stopping the sandbox...")
+	var errs []error
+	if s.scheduler != nil {
+		if err := s.scheduler.stop(); err != nil {
+			errs = append(errs, fmt.Errorf("scheduler: %w", err))
+		}
+	}
+	for _, n := range s.nodes {
+		if err := n.stop(); err != nil {
+			errs = append(errs, fmt.Errorf("node %s: %w", n.name, err))
+		}
+	}
+	s.cp.Stop()
+	_ = os.RemoveAll(filepath.Join(s.opts.StateDir, "controlplane"))
+	_ = os.RemoveAll(filepath.Join(s.opts.StateDir, "nodes"))
+	_ = os.Remove(filepath.Join(s.opts.StateDir, "kubeconfig"))
+	s.say("sandbox stopped; nothing left running.")
+	return errors.Join(errs...)
+}
+
+func (s *Sandbox) say(format string, args ...any) {
+	if format == "" {
+		fmt.Fprintln(s.out)
+		return
+	}
+	fmt.Fprintf(s.out, format+"\n", args...)
 }
 
 // Down stops a sandbox started by Up in another process and waits until it is

@@ -189,10 +189,31 @@ func (k *Kubelet) registerNode(ctx context.Context) error {
 		Addresses: []corev1.NodeAddress{{Type: corev1.NodeHostName, Address: k.opts.NodeName}},
 		NodeInfo:  corev1.NodeSystemInfo{KubeletVersion: "v1.37.2-sim", OperatingSystem: "linux", Architecture: "amd64"},
 	}
-	if _, err := k.opts.Client.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+	updated, err := k.opts.Client.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{})
+	if err != nil {
 		return fmt.Errorf("set status of node %s: %w", k.opts.NodeName, err)
 	}
-	return nil
+	// The API server taints every new Node not-ready (TaintNodesByCondition);
+	// in a real cluster the node lifecycle controller lifts the taint once the
+	// kubelet reports Ready. The test control plane runs no such controller,
+	// because simulated nodes send no heartbeats, so lift it here.
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var kept []corev1.Taint
+		for _, t := range updated.Spec.Taints {
+			if t.Key != corev1.TaintNodeNotReady {
+				kept = append(kept, t)
+			}
+		}
+		if len(kept) == len(updated.Spec.Taints) {
+			return nil
+		}
+		updated.Spec.Taints = kept
+		_, err := k.opts.Client.CoreV1().Nodes().Update(ctx, updated, metav1.UpdateOptions{})
+		if apierrors.IsConflict(err) {
+			updated, _ = k.opts.Client.CoreV1().Nodes().Get(ctx, k.opts.NodeName, metav1.GetOptions{})
+		}
+		return err
+	})
 }
 
 func (k *Kubelet) processNext(ctx context.Context) bool {

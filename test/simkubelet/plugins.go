@@ -27,6 +27,11 @@ type draPlugin struct {
 type pluginRegistry struct {
 	dir string
 
+	// scanMu serializes scans: two workers that miss a plugin at once must
+	// not both register it (the second would close the first's connection
+	// under its in-flight call).
+	scanMu sync.Mutex
+
 	mu      sync.Mutex
 	plugins map[string]*draPlugin // by driver name
 	seen    map[string]bool       // registration sockets already handled
@@ -40,6 +45,8 @@ func newPluginRegistry(dir string) *pluginRegistry {
 // calls GetInfo, connects to the advertised DRA endpoint, and reports the
 // registration status back, as the kubelet does.
 func (r *pluginRegistry) scan(ctx context.Context) error {
+	r.scanMu.Lock()
+	defer r.scanMu.Unlock()
 	entries, err := os.ReadDir(r.dir)
 	if err != nil {
 		if os.IsNotExist(err) {
