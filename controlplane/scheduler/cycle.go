@@ -189,6 +189,11 @@ func (s *Scheduler) collectGangs(ctx context.Context, pods []*v1.Pod) map[string
 			delete(s.mappings, uid)
 		}
 	}
+	for key := range s.failures {
+		if gangs[key] == nil {
+			delete(s.failures, key)
+		}
+	}
 	s.mu.Unlock()
 	for key, g := range gangs {
 		obj, exists, _ := s.pgInf.GetStore().GetByKey(key)
@@ -373,7 +378,6 @@ func (s *Scheduler) place(ctx context.Context, snap *snapshot.Snapshot, tree *qu
 	}
 	s.mu.Lock()
 	delete(s.failures, g.key)
-	delete(s.commitErrs, g.key)
 	s.mu.Unlock()
 	g.bound = append(g.bound, g.pending...)
 	g.pending = nil
@@ -478,7 +482,6 @@ func (s *Scheduler) commitGang(ctx context.Context, pg *v1alpha1.PodGroup, key s
 		}
 		s.recorder.Eventf(pg, v1.EventTypeWarning, v1alpha1.ReasonCommitFailed, "commit failed and was undone: %v", err)
 		s.mu.Lock()
-		s.commitErrs[key] = err.Error()
 		s.failures[key] = &failure{message: err.Error(), reason: v1alpha1.ReasonCommitFailed, at: time.Now(), backoff: minBackoff}
 		s.mu.Unlock()
 		s.kick(false)
@@ -510,6 +513,9 @@ func truncate(s []string, n int) []string {
 func (s *Scheduler) writeStatuses(ctx context.Context, gangs map[string]*gangState, tree *quota.Tree) {
 	logger := klog.FromContext(ctx)
 	for _, g := range gangs {
+		if ctx.Err() != nil {
+			return // stopping (or lost leadership): the next leader writes statuses
+		}
 		if g.pg == nil {
 			continue
 		}
@@ -557,6 +563,9 @@ func (s *Scheduler) writeStatuses(ctx context.Context, gangs map[string]*gangSta
 		}
 	}
 	for _, n := range tree.Nodes() {
+		if ctx.Err() != nil {
+			return
+		}
 		st := n.Queue.Status.DeepCopy()
 		st.Allocated = toQuantities(n.Allocated)
 		req := quota.Usage{}

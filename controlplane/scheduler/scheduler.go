@@ -94,7 +94,6 @@ type Scheduler struct {
 	mu          sync.Mutex
 	mappings    map[types.UID]mapper.Mapping
 	failures    map[string]*failure // gang key → last failure (backoff, event dedup)
-	commitErrs  map[string]string   // gang key → last commit error, for its condition
 	capacityGen uint64              // bumped when capacity may have come back
 
 	inflight sync.WaitGroup
@@ -144,17 +143,16 @@ func New(cfg *rest.Config, opts Options) (*Scheduler, error) {
 		return nil, err
 	}
 	s := &Scheduler{
-		opts:       opts,
-		kube:       kube,
-		sched:      sc,
-		solver:     solver.New(opts.Solver),
-		committer:  &committer{client: kube, hooks: opts.Hooks, parallelism: opts.Parallelism},
-		assumed:    newAssumeCache(),
-		trigger:    make(chan struct{}, 1),
-		mappings:   map[types.UID]mapper.Mapping{},
-		failures:   map[string]*failure{},
-		commitErrs: map[string]string{},
-		slots:      make(chan struct{}, opts.Parallelism),
+		opts:      opts,
+		kube:      kube,
+		sched:     sc,
+		solver:    solver.New(opts.Solver),
+		committer: &committer{client: kube, hooks: opts.Hooks, parallelism: opts.Parallelism},
+		assumed:   newAssumeCache(),
+		trigger:   make(chan struct{}, 1),
+		mappings:  map[types.UID]mapper.Mapping{},
+		failures:  map[string]*failure{},
+		slots:     make(chan struct{}, opts.Parallelism),
 	}
 	s.factory = informers.NewSharedInformerFactory(kube, 0)
 	s.podInf = s.factory.Core().V1().Pods().Informer()
@@ -295,7 +293,6 @@ func (s *Scheduler) lead(ctx context.Context) error {
 	s.assumed.reset()
 	s.mu.Lock()
 	s.failures = map[string]*failure{}
-	s.commitErrs = map[string]string{}
 	s.mu.Unlock()
 	if err := s.recover(ctx); err != nil {
 		return fmt.Errorf("recover state: %w", err)
