@@ -13,6 +13,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
 	"github.com/tessera-gpu/tessera/draplugin/checkpoint"
+	"github.com/tessera-gpu/tessera/draplugin/sharing"
 )
 
 type crash struct{ point string }
@@ -35,9 +36,9 @@ type nodeState struct {
 	recorded []string
 }
 
-func (e *env) state(p *Plugin) nodeState {
+func (e *env) state(_ *Plugin) nodeState {
 	e.t.Helper()
-	daemons, err := p.sharing.Daemons()
+	daemons, err := (&sharing.Controller{MPSRoot: e.mpsDir}).Daemons()
 	if err != nil {
 		e.t.Fatal(err)
 	}

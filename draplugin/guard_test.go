@@ -79,6 +79,69 @@ func TestExclusiveDeviceGuard(t *testing.T) {
 	}
 }
 
+// TestAdminAccess: a monitoring claim with admin access reaches a device
+// that another claim holds without tripping the guard, and its unprepare
+// leaves the other claim's devices alone.
+func TestAdminAccess(t *testing.T) {
+	e := newEnv(t)
+	ns, err := e.client.CoreV1().Namespaces().Get(e.ctx, e.ns, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Labels = map[string]string{"resource.kubernetes.io/admin-access": "true"}
+	if _, err := e.client.CoreV1().Namespaces().Update(e.ctx, ns, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.start()
+	k := e.kubelet()
+	user := e.claim("user", []request{
+		{name: "gpu", class: "gpu", selector: `device.attributes["gpu.tessera.dev"].index == 3`},
+		{name: "mig", class: "mig", selector: `device.attributes["gpu.tessera.dev"].index == 1 && device.attributes["gpu.tessera.dev"].profile == "3g.40gb"`},
+	})
+	if r := k.prepare(t, e.ctx, user)[string(user.UID)]; r.Error != "" {
+		t.Fatal(r.Error)
+	}
+	// The stock allocator charges counters even for admin access, so a
+	// monitoring claim can look at a whole GPU, not at a MIG device in use.
+	monitor := e.claim("monitor", []request{
+		{name: "gpu", class: "gpu", selector: `device.attributes["gpu.tessera.dev"].index == 3`, adminAccess: true},
+	})
+	if r := k.prepare(t, e.ctx, monitor)[string(monitor.UID)]; r.Error != "" || len(r.Devices) != 1 {
+		t.Fatalf("admin prepare: %+v", r)
+	}
+	k.unprepare(t, e.ctx, monitor)
+	if got := e.migInstances(); len(got) != 1 {
+		t.Fatalf("admin unprepare touched the user's MIG instance: %v", got)
+	}
+	k.unprepare(t, e.ctx, user)
+	if got := e.migInstances(); len(got) != 0 {
+		t.Fatalf("MIG instances left: %v", got)
+	}
+}
+
+// TestUnprepareRetries: a failing undo step keeps the claim recorded and
+// reports the error; the kubelet's retry finishes the job.
+func TestUnprepareRetries(t *testing.T) {
+	e := newEnv(t)
+	e.start()
+	k := e.kubelet()
+	c := e.claim("share", []request{{name: "s", class: "shared", memory: "1Gi"}})
+	if r := k.prepare(t, e.ctx, c)[string(c.UID)]; r.Error != "" {
+		t.Fatal(r.Error)
+	}
+	e.tools.FailMPS(t, true)
+	if r := k.unprepare(t, e.ctx, c)[string(c.UID)]; !strings.Contains(r.Error, "stop MPS control daemon") {
+		t.Fatalf("unprepare error = %q, want the MPS stop failure", r.Error)
+	}
+	e.tools.FailMPS(t, false)
+	if r := k.unprepare(t, e.ctx, c)[string(c.UID)]; r.Error != "" {
+		t.Fatalf("retry: %s", r.Error)
+	}
+	if st := e.state(nil); len(st.specs)+len(st.daemons)+len(st.recorded) != 0 {
+		t.Fatalf("left: %+v", st)
+	}
+}
+
 func TestBadConfigFailsCleanly(t *testing.T) {
 	e := newEnv(t)
 	e.start()

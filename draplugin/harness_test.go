@@ -27,6 +27,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/draplugin/internal/faketools"
 	"github.com/tessera-gpu/tessera/nodeagent/agent"
@@ -211,6 +212,7 @@ type request struct {
 	name, class, selector string
 	memory, compute       string // consumable capacity of a shared request
 	count                 int64
+	adminAccess           bool
 }
 
 // claim creates a claim and allocates it with the stock structured
@@ -221,6 +223,9 @@ func (e *env) claim(name string, reqs []request, configs ...claimConfig) *resour
 	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns}}
 	for _, r := range reqs {
 		dr := resourceapi.DeviceRequest{Name: r.name, Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: e.classes[r.class], Count: max(r.count, 1)}}
+		if r.adminAccess {
+			dr.Exactly.AdminAccess = ptr.To(true)
+		}
 		if r.selector != "" {
 			dr.Exactly.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: r.selector}}}
 		}

@@ -15,6 +15,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 
 	configapi "github.com/tessera-gpu/tessera/draplugin/api/v1alpha1"
 	"github.com/tessera-gpu/tessera/draplugin/cdi"
@@ -214,9 +215,12 @@ func (p *Plugin) plan(ctx context.Context, claim *resourceapi.ResourceClaim) (*c
 		if err != nil {
 			return nil, fmt.Errorf("claim %s: device %s: %w", ref, d.Device, err)
 		}
-		if inst != nil && inst.Size == d.MIG.Size {
+		switch {
+		case inst != nil && inst.Size == d.MIG.Size && (d.AdminAccess || !p.migOwned(d.MIG)):
 			d.MIG.Static = true
 			klog.FromContext(ctx).V(2).Info("Using existing MIG instance", "claim", ref, "device", d.Device, "giID", inst.GIID)
+		case d.AdminAccess:
+			return nil, fmt.Errorf("claim %s: device %s: admin access to a MIG device that does not exist", ref, d.Device)
 		}
 	}
 	return rec, nil
@@ -292,7 +296,7 @@ func unusedConfig(configs []opaqueConfig, used []bool) error {
 }
 
 func (p *Plugin) planDevice(r resourceapi.DeviceRequestAllocationResult, configs []opaqueConfig, used []bool) (checkpoint.Device, error) {
-	d := checkpoint.Device{Requests: []string{r.Request}, Pool: r.Pool, Device: r.Device, ShareID: r.ShareID}
+	d := checkpoint.Device{Requests: []string{r.Request}, Pool: r.Pool, Device: r.Device, ShareID: r.ShareID, AdminAccess: ptr.Deref(r.AdminAccess, false)}
 	target, err := p.node.Lookup(r.Device)
 	if err != nil {
 		return d, err
@@ -303,6 +307,10 @@ func (p *Plugin) planDevice(r resourceapi.DeviceRequestAllocationResult, configs
 		d.Kind = checkpoint.KindGPU
 		if target.Name.Kind == devicename.KindShared {
 			d.Kind = checkpoint.KindShared
+		}
+		if d.AdminAccess {
+			// Monitoring access: device nodes only, no sharing setup.
+			return d, nil
 		}
 		cfg := configFor(configs, used, r.Request, configapi.GpuConfigKind)
 		var gc *configapi.GpuConfig
@@ -334,6 +342,9 @@ func (p *Plugin) planDevice(r resourceapi.DeviceRequestAllocationResult, configs
 			CIProfileID: uint32(target.Profile.CIProfileID),
 			Start:       uint32(target.Placement.Start),
 			Size:        uint32(target.Placement.Size),
+		}
+		if d.AdminAccess {
+			return d, nil
 		}
 		if cfg := configFor(configs, used, r.Request, configapi.MigDeviceConfigKind); cfg != nil {
 			if s := cfg.(*configapi.MigDeviceConfig).Sharing; s != nil {
@@ -426,11 +437,19 @@ func (p *Plugin) guard(rec *checkpoint.Claim) error {
 	return nil
 }
 
+// migOwned reports whether a prepared claim holds the MIG instance.
+func (p *Plugin) migOwned(m *checkpoint.MIGInstance) bool {
+	return p.otherUser("", func(d *checkpoint.Device) bool {
+		return d.MIG != nil && !d.AdminAccess && d.MIG.ParentUUID == m.ParentUUID && d.MIG.GIProfileID == m.GIProfileID && d.MIG.Start == m.Start
+	})
+}
+
 // conflict reports whether two devices cannot be held by two claims at
 // once: shares of a GPU coexist, MIG devices coexist when their placements
-// do not overlap, everything else on the same GPU excludes.
+// do not overlap, admin access (monitoring) coexists with everything,
+// everything else on the same GPU excludes.
 func conflict(a, b checkpoint.Device) bool {
-	if a.GPUUUID != b.GPUUUID {
+	if a.GPUUUID != b.GPUUUID || a.AdminAccess || b.AdminAccess {
 		return false
 	}
 	switch {

@@ -71,7 +71,10 @@ type Device struct {
 	Pool     string     `json:"pool"`
 	Device   string     `json:"device"`
 	ShareID  *types.UID `json:"shareID,omitempty"`
-	Kind     DeviceKind `json:"kind"`
+	// AdminAccess devices are reachable by a monitoring claim beside the
+	// claim that uses them: never exclusive, never created or destroyed.
+	AdminAccess bool       `json:"adminAccess,omitempty"`
+	Kind        DeviceKind `json:"kind"`
 	// GPUUUID and GPUMinor identify the physical (parent) GPU.
 	GPUUUID  string `json:"gpuUUID"`
 	GPUMinor int    `json:"gpuMinor"`
