@@ -354,3 +354,39 @@ func SemVer(v string) string {
 	}
 	return fmt.Sprintf("%d.%d.%d", nums[0], nums[1], nums[2])
 }
+
+// MigDeviceUUID returns the UUID of the MIG device of a GPU instance and
+// compute instance (the MIG-... UUID that CDI and CUDA_VISIBLE_DEVICES use),
+// walking the parent GPU's MIG device handles as go-nvlib does.
+func MigDeviceUUID(lib nvml.Interface, parent nvml.Device, giID, ciID int) (string, error) {
+	dev, err := nvdev.New(lib).NewDevice(parent)
+	if err != nil {
+		return "", err
+	}
+	found := ""
+	err = dev.VisitMigDevices(func(_ int, mig nvdev.MigDevice) error {
+		g, ret := mig.GetGpuInstanceId()
+		if ret != nvml.SUCCESS {
+			return fmt.Errorf("GPU instance ID: %w", ret)
+		}
+		c, ret := mig.GetComputeInstanceId()
+		if ret != nvml.SUCCESS {
+			return fmt.Errorf("compute instance ID: %w", ret)
+		}
+		if g == giID && c == ciID {
+			id, ret := mig.GetUUID()
+			if ret != nvml.SUCCESS {
+				return fmt.Errorf("UUID: %w", ret)
+			}
+			found = id
+		}
+		return nil
+	})
+	if err != nil {
+		return "", err
+	}
+	if found == "" {
+		return "", fmt.Errorf("no MIG device for GPU instance %d, compute instance %d", giID, ciID)
+	}
+	return found, nil
+}

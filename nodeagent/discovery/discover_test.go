@@ -126,6 +126,13 @@ func TestDiscoverInstancesAndLookup(t *testing.T) {
 		t.Fatalf("go-nvlib MIG UUID %q, discovery %q", id, inst.UUID)
 	}
 
+	if id, err := discovery.MigDeviceUUID(lib, dev, inst.GIID, inst.CIID); err != nil || id != inst.UUID {
+		t.Fatalf("MigDeviceUUID = %q, %v; want %q", id, err, inst.UUID)
+	}
+	if _, err := discovery.MigDeviceUUID(lib, dev, inst.GIID+1, 0); err == nil {
+		t.Fatal("MigDeviceUUID of a missing instance succeeded")
+	}
+
 	target, err := node.Lookup(devicename.MIG(g.Minor, "3g.40gb", int(last.Start)))
 	if err != nil {
 		t.Fatal(err)
