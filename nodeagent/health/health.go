@@ -80,9 +80,7 @@ func (b *Broadcaster) Subscribe(ctx context.Context) <-chan Event {
 	out := make(chan Event)
 	s := &subscriber{notify: make(chan struct{}, 1)}
 	b.mu.Lock()
-	for _, ev := range b.currentLocked() {
-		s.queue = append(s.queue, ev)
-	}
+	s.queue = append(s.queue, b.currentLocked()...)
 	b.subs[s] = struct{}{}
 	b.mu.Unlock()
 	if len(s.queue) > 0 {
