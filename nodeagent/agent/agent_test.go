@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"context"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -508,4 +509,112 @@ func TestDegradesWithoutPartitionableDevices(t *testing.T) {
 	if err != nil {
 		t.Fatalf("no Node events explaining the degradation: %v", err)
 	}
+}
+
+func TestRepublishesOnChange(t *testing.T) {
+	cp := framework.Shared(t)
+	client := cp.Client(t)
+	dir := t.TempDir()
+	path := dir + "/partition.yaml"
+	write := func(s string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(`
+default:
+  gpus: [{mode: whole}]
+nodes:
+- name: shared-nodes
+  nodeSelector: {matchLabels: {partition: shared}}
+  gpus: [{mode: shared}]
+- name: static-nodes
+  nodeSelector: {matchLabels: {partition: static}}
+  gpus: [{mode: staticMIG}]
+`)
+	ra := startAgent(t, client, "mock:dgxa100?gpus=2", "", func(o *agent.Options) {
+		o.ConfigPath = path
+		o.ResyncPeriod = 200 * time.Millisecond
+	})
+	waitPool(t, client, ra.node.Name, "whole GPUs", func(s []resourceapi.ResourceSlice) bool { return countTypes(s)[slices.TypeGPU] == 2 })
+
+	// A node label selects another entry.
+	setLabel := func(v string) {
+		t.Helper()
+		node, err := client.CoreV1().Nodes().Get(context.Background(), ra.node.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		node.Labels["partition"] = v
+		if _, err := client.CoreV1().Nodes().Update(context.Background(), node, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setLabel("shared")
+	waitPool(t, client, ra.node.Name, "shared GPUs", func(s []resourceapi.ResourceSlice) bool { return countTypes(s)[slices.TypeShared] == 2 })
+
+	// The file changes: the shared entry now offers GPU 1 as dynamic MIG.
+	write(`
+nodes:
+- nodeSelector: {matchLabels: {partition: shared}}
+  gpus: [{indices: [0], mode: shared}, {indices: [1], mode: dynamicMIG}]
+- nodeSelector: {matchLabels: {partition: static}}
+  gpus: [{mode: staticMIG}]
+`)
+	waitPool(t, client, ra.node.Name, "shared + dynamic MIG", func(s []resourceapi.ResourceSlice) bool {
+		c := countTypes(s)
+		return c[slices.TypeShared] == 1 && c[slices.TypeMIG] == nvmlPlacements(t, ra.lib, 1)
+	})
+
+	// An invalid file keeps the last good config and says so on the Node.
+	write("default: {gpus: [{mode: wholeish}]}")
+	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		evs, err := client.CoreV1().Events("default").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, e := range evs.Items {
+			if e.InvolvedObject.Name == ra.node.Name && e.Reason == "InvalidPartitionConfig" && strings.Contains(e.Message, `default.gpus[0].mode: Unsupported value: "wholeish"`) {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("no InvalidPartitionConfig event: %v", err)
+	}
+	if c := ra.Counts(); c.Shared != 1 || c.MIG == 0 {
+		t.Fatalf("counts %+v after an invalid file, want the last good config", c)
+	}
+
+	// Static MIG: instances created behind the agent's back are published at
+	// the next resync, and go again when destroyed.
+	write(`
+nodes:
+- nodeSelector: {matchLabels: {partition: static}}
+  gpus: [{mode: staticMIG}]
+`)
+	setLabel("static")
+	waitPool(t, client, ra.node.Name, "no devices (static MIG without instances)", func(s []resourceapi.ResourceSlice) bool {
+		return len(devices(s)) == 0
+	})
+	dev, _ := ra.lib.DeviceGetHandleByIndex(0)
+	info, _ := dev.GetGpuInstanceProfileInfo(nvml.GPU_INSTANCE_PROFILE_7_SLICE)
+	gi, ret := dev.CreateGpuInstance(&info)
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	ciInfo, _ := gi.GetComputeInstanceProfileInfo(nvml.COMPUTE_INSTANCE_PROFILE_7_SLICE, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+	ci, ret := gi.CreateComputeInstance(&ciInfo)
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	waitPool(t, client, ra.node.Name, "the new MIG instance", func(s []resourceapi.ResourceSlice) bool {
+		d := devices(s)
+		return len(d) == 1 && d[0].Name == devicename.MIG(0, "7g.40gb", 0)
+	})
+	_ = ci.Destroy()
+	_ = gi.Destroy()
+	waitPool(t, client, ra.node.Name, "the MIG instance to go", func(s []resourceapi.ResourceSlice) bool { return len(devices(s)) == 0 })
 }
