@@ -26,6 +26,9 @@ type Catalog struct {
 	order []*compiled
 	// overridden are built-in definitions replaced by a user definition.
 	overridden []*Definition
+	// walk holds the kinds a pod's owner walk passes through: mapped and
+	// intermediate kinds.
+	walk map[schema.GroupVersionKind]bool
 }
 
 // Option configures New.
@@ -79,6 +82,12 @@ func New(user []*Definition, opts ...Option) (*Catalog, error) {
 	for _, cd := range c.byGVK {
 		c.order = append(c.order, cd)
 	}
+	defer func() {
+		c.walk = map[schema.GroupVersionKind]bool{}
+		for _, k := range append(c.RootKinds(), c.IntermediateKinds()...) {
+			c.walk[k] = true
+		}
+	}()
 	sort.Slice(c.order, func(i, j int) bool {
 		a, b := c.order[i].gvk, c.order[j].gvk
 		if a.Group != b.Group {
@@ -146,6 +155,10 @@ func (c *Catalog) RootKinds() []schema.GroupVersionKind {
 	}
 	return out
 }
+
+// Walks reports whether a pod's owner walk goes through objects of gvk: a kind
+// the catalog maps or one its definitions name between a workload and its pods.
+func (c *Catalog) Walks(gvk schema.GroupVersionKind) bool { return c.walk[gvk] }
 
 // IntermediateKinds lists the kinds that definitions name between a workload and
 // its pods (component kinds and additionalChildKinds) and that no definition maps

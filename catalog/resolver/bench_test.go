@@ -65,7 +65,6 @@ func cacheResolver(b *testing.B, jobs int) (*Resolver, []*corev1.Pod) {
 	}
 	lister := cache.NewGenericLister(indexer, schema.GroupResource{Group: "kubeflow.org", Resource: "pytorchjobs"})
 	r := &Resolver{
-		cat:    cat,
 		mapped: map[types.UID]mappedEntry{},
 		getters: map[schema.GroupVersionKind]getter{gvk: func(ns, name string) (metav1.Object, runtime.Object, error) {
 			o, err := lister.ByNamespace(ns).Get(name)
@@ -79,6 +78,7 @@ func cacheResolver(b *testing.B, jobs int) (*Resolver, []*corev1.Pod) {
 			return mo, o, nil
 		}},
 	}
+	r.cat.Store(cat)
 	return r, pods
 }
 

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -108,12 +109,26 @@ type getter func(namespace, name string) (metav1.Object, runtime.Object, error)
 // Resolver resolves pods to workloads through informer caches. Safe for
 // concurrent use once started.
 type Resolver struct {
-	cat     *catalog.Catalog
-	getters map[schema.GroupVersionKind]getter
-	claims  catalog.ClaimLookup
+	cat    atomic.Pointer[catalog.Catalog]
+	claims catalog.ClaimLookup
 
-	factory dynamicinformer.DynamicSharedInformerFactory
-	synced  []cache.InformerSynced
+	mapper    meta.RESTMapper
+	podLister corelisters.PodLister
+	factory   dynamicinformer.DynamicSharedInformerFactory
+	// clusterFactory watches cluster-scoped objects (WorkloadDefinitions), which
+	// a namespace filter must not apply to.
+	clusterFactory dynamicinformer.DynamicSharedInformerFactory
+
+	// kindsMu guards the informers: kinds are added when a new definition names
+	// them or when a CRD missing at start appears.
+	kindsMu  sync.RWMutex
+	getters  map[schema.GroupVersionKind]getter
+	missing  map[schema.GroupVersionKind]bool
+	synced   []cache.InformerSynced
+	startCtx context.Context
+
+	defs *clusterDefinitions // nil unless WithClusterDefinitions
+	wg   sync.WaitGroup
 
 	mu     sync.Mutex
 	mapped map[types.UID]mappedEntry
@@ -122,20 +137,29 @@ type Resolver struct {
 type mappedEntry struct {
 	resourceVersion string
 	workload        *catalog.Workload
+	// catalog the workload was mapped with: a new catalog maps it again.
+	catalog *catalog.Catalog
 }
 
 // maxMapped bounds the cache of mapped workloads; it is dropped when full (a
 // cache miss only costs one evaluation).
 const maxMapped = 20000
 
+// RediscoverInterval is how often the resolver looks again for kinds the API
+// server did not serve (a CRD installed after the scheduler started).
+var RediscoverInterval = 30 * time.Second
+
 // Option configures New.
 type Option func(*config)
 
 type config struct {
-	resync    time.Duration
-	podLister corelisters.PodLister
-	claims    catalog.ClaimLookup
-	namespace string
+	resync      time.Duration
+	podLister   corelisters.PodLister
+	claims      catalog.ClaimLookup
+	namespace   string
+	clusterDefs bool
+	fileDefs    []*catalog.Definition
+	writeStatus bool
 }
 
 // WithPodLister reuses the caller's pod informer to walk through pods that own
@@ -151,6 +175,16 @@ func WithResync(d time.Duration) Option { return func(c *config) { c.resync = d 
 
 // WithNamespace limits the informers to one namespace.
 func WithNamespace(ns string) Option { return func(c *config) { c.namespace = ns } }
+
+// WithClusterDefinitions makes the resolver follow the cluster's
+// WorkloadDefinition objects: the catalog in force becomes the built-ins, the
+// cluster's definitions and fileDefs (which win over the cluster), rebuilt on
+// every change. With writeStatus, each WorkloadDefinition gets an Accepted
+// condition saying whether it is in force and, if not, why (needs update on
+// workloaddefinitions/status).
+func WithClusterDefinitions(fileDefs []*catalog.Definition, writeStatus bool) Option {
+	return func(c *config) { c.clusterDefs, c.fileDefs, c.writeStatus = true, fileDefs, writeStatus }
+}
 
 // NewForConfig builds a resolver with a dynamic client and a discovery-backed
 // REST mapper for cfg.
@@ -168,25 +202,53 @@ func NewForConfig(ctx context.Context, cat *catalog.Catalog, cfg *rest.Config, o
 }
 
 // New sets up informers for every kind the catalog maps and every intermediate
-// kind its definitions name; kinds the API server does not serve are skipped (a
-// pod owned by one resolves to ErrUnknownOwner). Call Start, then WaitForCacheSync.
+// kind its definitions name; kinds the API server does not serve are looked for
+// again every RediscoverInterval (until then, a pod owned by one resolves to
+// ErrUnknownOwner). Call Start, then WaitForCacheSync.
 func New(ctx context.Context, cat *catalog.Catalog, client dynamic.Interface, mapper meta.RESTMapper, opts ...Option) (*Resolver, error) {
-	logger := klog.FromContext(ctx)
 	var cfg config
 	for _, o := range opts {
 		o(&cfg)
 	}
 	r := &Resolver{
-		cat:     cat,
-		getters: map[schema.GroupVersionKind]getter{},
-		claims:  cfg.claims,
-		mapped:  map[types.UID]mappedEntry{},
-		factory: dynamicinformer.NewFilteredDynamicSharedInformerFactory(client, cfg.resync, cfg.namespace, nil),
+		claims:         cfg.claims,
+		mapper:         mapper,
+		podLister:      cfg.podLister,
+		getters:        map[schema.GroupVersionKind]getter{},
+		missing:        map[schema.GroupVersionKind]bool{},
+		mapped:         map[types.UID]mappedEntry{},
+		factory:        dynamicinformer.NewFilteredDynamicSharedInformerFactory(client, cfg.resync, cfg.namespace, nil),
+		clusterFactory: dynamicinformer.NewDynamicSharedInformerFactory(client, cfg.resync),
 	}
-	kinds := append(cat.RootKinds(), cat.IntermediateKinds()...)
-	for _, gvk := range kinds {
-		if gvk == podGVK && cfg.podLister != nil {
-			pl := cfg.podLister
+	r.cat.Store(cat)
+	if err := r.ensureKinds(ctx, cat); err != nil {
+		return nil, err
+	}
+	if cfg.clusterDefs {
+		d, err := newClusterDefinitions(ctx, r, client, cfg.fileDefs, cfg.writeStatus)
+		if err != nil {
+			return nil, err
+		}
+		r.defs = d
+	}
+	return r, nil
+}
+
+// Catalog is the catalog in force (it changes with WithClusterDefinitions).
+func (r *Resolver) Catalog() *catalog.Catalog { return r.cat.Load() }
+
+// ensureKinds sets up informers for the kinds of cat that have none yet.
+func (r *Resolver) ensureKinds(ctx context.Context, cat *catalog.Catalog) error {
+	logger := klog.FromContext(ctx)
+	r.kindsMu.Lock()
+	defer r.kindsMu.Unlock()
+	added := false
+	for _, gvk := range append(cat.RootKinds(), cat.IntermediateKinds()...) {
+		if _, ok := r.getters[gvk]; ok {
+			continue
+		}
+		if gvk == podGVK && r.podLister != nil {
+			pl := r.podLister
 			r.getters[gvk] = func(ns, name string) (metav1.Object, runtime.Object, error) {
 				p, err := pl.Pods(ns).Get(name)
 				if err != nil {
@@ -196,14 +258,18 @@ func New(ctx context.Context, cat *catalog.Catalog, client dynamic.Interface, ma
 			}
 			continue
 		}
-		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		m, err := r.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
 		if err != nil {
 			if meta.IsNoMatchError(err) {
-				logger.V(2).Info("Kind not served, pods owned by it resolve as unknown", "kind", gvk.String())
+				if !r.missing[gvk] {
+					logger.V(2).Info("Kind not served; pods owned by it resolve as unknown until it is", "kind", gvk.String())
+				}
+				r.missing[gvk] = true
 				continue
 			}
-			return nil, fmt.Errorf("REST mapping of %s: %w", gvk, err)
+			return fmt.Errorf("REST mapping of %s: %w", gvk, err)
 		}
+		delete(r.missing, gvk)
 		inf := r.factory.ForResource(m.Resource)
 		r.synced = append(r.synced, inf.Informer().HasSynced)
 		lister := inf.Lister()
@@ -225,20 +291,99 @@ func New(ctx context.Context, cat *catalog.Catalog, client dynamic.Interface, ma
 			}
 			return mo, obj, nil
 		}
+		added = true
+		logger.V(4).Info("Watching kind for owner lookups", "kind", gvk.String())
 	}
-	return r, nil
+	if added && r.startCtx != nil {
+		// Start only starts the informers not started yet.
+		r.factory.Start(r.startCtx.Done())
+	}
+	return nil
 }
 
-// Start starts the informers; they stop when ctx ends (call Shutdown to wait).
-func (r *Resolver) Start(ctx context.Context) { r.factory.Start(ctx.Done()) }
+// rediscover looks again, now and then, for kinds the API server did not serve.
+func (r *Resolver) rediscover(ctx context.Context) {
+	t := time.NewTicker(RediscoverInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		r.kindsMu.RLock()
+		n := len(r.missing)
+		r.kindsMu.RUnlock()
+		if n == 0 {
+			continue
+		}
+		if rs, ok := r.mapper.(interface{ Reset() }); ok {
+			rs.Reset()
+		}
+		if err := r.ensureKinds(ctx, r.Catalog()); err != nil {
+			klog.FromContext(ctx).Error(err, "Looking for kinds again")
+		}
+	}
+}
 
-// WaitForCacheSync waits until every informer has synced.
+func (r *Resolver) getter(gvk schema.GroupVersionKind) (getter, bool) {
+	r.kindsMu.RLock()
+	defer r.kindsMu.RUnlock()
+	g, ok := r.getters[gvk]
+	return g, ok
+}
+
+// Start starts the informers and the resolver's goroutines; they stop when ctx
+// ends (call Shutdown to wait for them).
+func (r *Resolver) Start(ctx context.Context) {
+	r.kindsMu.Lock()
+	r.startCtx = ctx
+	r.kindsMu.Unlock()
+	r.factory.Start(ctx.Done())
+	r.clusterFactory.Start(ctx.Done())
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		r.rediscover(ctx)
+	}()
+	if r.defs != nil {
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			r.defs.run(ctx)
+		}()
+	}
+}
+
+// WaitForCacheSync waits until every informer has synced and, with
+// WithClusterDefinitions, the cluster's definitions are in force.
 func (r *Resolver) WaitForCacheSync(ctx context.Context) bool {
-	return cache.WaitForCacheSync(ctx.Done(), r.synced...)
+	r.kindsMu.RLock()
+	synced := append([]cache.InformerSynced(nil), r.synced...)
+	r.kindsMu.RUnlock()
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		return false
+	}
+	if r.defs != nil {
+		if !cache.WaitForCacheSync(ctx.Done(), r.defs.synced) {
+			return false
+		}
+		r.defs.rebuild(ctx)
+		// Informers for kinds that the cluster's definitions added.
+		r.kindsMu.RLock()
+		synced = append([]cache.InformerSynced(nil), r.synced...)
+		r.kindsMu.RUnlock()
+		return cache.WaitForCacheSync(ctx.Done(), synced...)
+	}
+	return true
 }
 
-// Shutdown waits for the informers' goroutines after their context ended.
-func (r *Resolver) Shutdown() { r.factory.Shutdown() }
+// Shutdown waits for the informers and goroutines after Start's context ended.
+func (r *Resolver) Shutdown() {
+	r.factory.Shutdown()
+	r.clusterFactory.Shutdown()
+	r.wg.Wait()
+}
 
 // Resolve returns the workload pod belongs to. Errors: ErrUnknownOwner (use
 // SinglePod), ErrOwnerNotFound (retry), a *catalog.Error (the definition failed on
@@ -252,7 +397,8 @@ func (r *Resolver) Resolve(ctx context.Context, pod *corev1.Pod) (*PodWorkload, 
 	var top *level
 	var topIdx int
 	var chain []schema.GroupVersionKind // kinds above the pod, nearest first
-	if r.cat.Knows(podGVK) {
+	cat := r.Catalog()
+	if cat.Knows(podGVK) {
 		top = &level{gvk: podGVK, obj: pod, mo: pod}
 	}
 	cur := metav1.Object(pod)
@@ -268,8 +414,8 @@ func (r *Resolver) Resolve(ctx context.Context, pod *corev1.Pod) (*PodWorkload, 
 			return nil, fmt.Errorf("pod %s/%s: owner %s %s: %w", pod.Namespace, pod.Name, ref.Kind, ref.Name, err)
 		}
 		gvk := gv.WithKind(ref.Kind)
-		get, ok := r.getters[gvk]
-		if !ok {
+		get, ok := r.getter(gvk)
+		if !ok || !cat.Walks(gvk) {
 			// A kind nobody defines: the walk ends; the topmost known object so far
 			// (if any above the pod) is the workload.
 			if top == nil || top.gvk == podGVK && depth == 0 {
@@ -288,7 +434,7 @@ func (r *Resolver) Resolve(ctx context.Context, pod *corev1.Pod) (*PodWorkload, 
 			return nil, fmt.Errorf("pod %s/%s: %s %s has UID %s, owner reference says %s: %w", pod.Namespace, pod.Name, catalog.GVKString(gvk), ref.Name, mo.GetUID(), ref.UID, ErrOwnerNotFound)
 		}
 		chain = append(chain, gvk)
-		if r.cat.Knows(gvk) {
+		if cat.Knows(gvk) {
 			top, topIdx = &level{gvk: gvk, obj: obj, mo: mo}, len(chain)-1
 		}
 		cur = mo
@@ -296,7 +442,7 @@ func (r *Resolver) Resolve(ctx context.Context, pod *corev1.Pod) (*PodWorkload, 
 	if top == nil || (hasOwner && top.gvk == podGVK && top.obj == runtime.Object(pod)) {
 		return nil, fmt.Errorf("pod %s/%s: %w", pod.Namespace, pod.Name, ErrUnknownOwner)
 	}
-	w, err := r.mapObject(ctx, top.gvk, top.obj, top.mo)
+	w, err := r.mapObject(ctx, cat, top.gvk, top.obj, top.mo)
 	if err != nil {
 		return nil, err
 	}
@@ -305,7 +451,7 @@ func (r *Resolver) Resolve(ctx context.Context, pod *corev1.Pod) (*PodWorkload, 
 	if top.gvk != podGVK || top.obj != runtime.Object(pod) {
 		below = chain[:topIdx]
 	}
-	pm, err := r.cat.MatchPod(ctx, w, pod, below)
+	pm, err := cat.MatchPod(ctx, w, pod, below)
 	if err != nil {
 		return nil, err
 	}
@@ -326,13 +472,13 @@ func (r *Resolver) Resolve(ctx context.Context, pod *corev1.Pod) (*PodWorkload, 
 
 // mapObject maps the workload object, reusing the result while its
 // resourceVersion is unchanged: pods of one workload share one evaluation.
-func (r *Resolver) mapObject(ctx context.Context, gvk schema.GroupVersionKind, obj runtime.Object, mo metav1.Object) (*catalog.Workload, error) {
+func (r *Resolver) mapObject(ctx context.Context, cat *catalog.Catalog, gvk schema.GroupVersionKind, obj runtime.Object, mo metav1.Object) (*catalog.Workload, error) {
 	uid, rv := mo.GetUID(), mo.GetResourceVersion()
 	if uid != "" && rv != "" {
 		r.mu.Lock()
 		e, ok := r.mapped[uid]
 		r.mu.Unlock()
-		if ok && e.resourceVersion == rv {
+		if ok && e.resourceVersion == rv && e.catalog == cat {
 			return e.workload, nil
 		}
 	}
@@ -349,7 +495,7 @@ func (r *Resolver) mapObject(ctx context.Context, gvk schema.GroupVersionKind, o
 		u = u.DeepCopy()
 		u.SetGroupVersionKind(gvk)
 	}
-	w, err := r.cat.MapWithClaims(ctx, u, r.claims)
+	w, err := cat.MapWithClaims(ctx, u, r.claims)
 	if err != nil {
 		return nil, err
 	}
@@ -358,7 +504,7 @@ func (r *Resolver) mapObject(ctx context.Context, gvk schema.GroupVersionKind, o
 		if len(r.mapped) >= maxMapped {
 			r.mapped = map[types.UID]mappedEntry{}
 		}
-		r.mapped[uid] = mappedEntry{resourceVersion: rv, workload: w}
+		r.mapped[uid] = mappedEntry{resourceVersion: rv, workload: w, catalog: cat}
 		r.mu.Unlock()
 	}
 	return w, nil

@@ -43,37 +43,52 @@ func installCRDs(t *testing.T, cfg *rest.Config) {
 	}
 	files, _ := filepath.Glob(filepath.Join(testdata, "crds", "*.yaml"))
 	for _, f := range files {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
+		applyCRDWith(ctx, t, ac, f)
+	}
+}
+
+// applyCRD creates the CRDs of one file and waits until they are established.
+func applyCRD(t *testing.T, cfg *rest.Config, f string) {
+	t.Helper()
+	ac, err := apiextclient.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	applyCRDWith(context.Background(), t, ac, f)
+}
+
+func applyCRDWith(ctx context.Context, t *testing.T, ac apiextclient.Interface, f string) {
+	t.Helper()
+	data, err := os.ReadFile(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs, err := catalog.SplitDocuments(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, doc := range docs {
+		var crd apiextensionsv1.CustomResourceDefinition
+		if err := yaml.UnmarshalStrict(doc, &crd); err != nil {
+			t.Fatalf("%s: %v", f, err)
 		}
-		docs, err := catalog.SplitDocuments(data)
-		if err != nil {
-			t.Fatal(err)
+		if _, err := ac.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, &crd, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatalf("create CRD %s: %v", crd.Name, err)
 		}
-		for _, doc := range docs {
-			var crd apiextensionsv1.CustomResourceDefinition
-			if err := yaml.UnmarshalStrict(doc, &crd); err != nil {
-				t.Fatalf("%s: %v", f, err)
-			}
-			if _, err := ac.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, &crd, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-				t.Fatalf("create CRD %s: %v", crd.Name, err)
-			}
-			err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-				got, err := ac.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, crd.Name, metav1.GetOptions{})
-				if err != nil {
-					return false, err
-				}
-				for _, c := range got.Status.Conditions {
-					if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
-						return true, nil
-					}
-				}
-				return false, nil
-			})
+		err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			got, err := ac.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, crd.Name, metav1.GetOptions{})
 			if err != nil {
-				t.Fatalf("CRD %s not established: %v", crd.Name, err)
+				return false, err
 			}
+			for _, c := range got.Status.Conditions {
+				if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
+					return true, nil
+				}
+			}
+			return false, nil
+		})
+		if err != nil {
+			t.Fatalf("CRD %s not established: %v", crd.Name, err)
 		}
 	}
 }
