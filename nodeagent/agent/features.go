@@ -34,6 +34,9 @@ func DetectFeatures(ctx context.Context, client kubernetes.Interface, nodeName s
 		},
 	}
 	got, err := rs.Create(ctx, counters, dry)
+	if apierrors.IsNotFound(err) {
+		return f, fmt.Errorf("the API server does not serve resource.k8s.io/v1 ResourceSlices (DRA needs Kubernetes 1.34 or later): %w", err)
+	}
 	if err != nil && !isDroppedAll(err) {
 		return f, fmt.Errorf("probe DRA features with a dry-run ResourceSlice: %w", err)
 	}

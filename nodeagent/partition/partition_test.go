@@ -205,3 +205,26 @@ func TestApplyUndoesAFailedLayout(t *testing.T) {
 		t.Fatalf("%d GPU instances left after a failed layout", left)
 	}
 }
+
+// FuzzParse: any input gives a config or an error, never a panic, and a
+// config that parses resolves against a real GPU layout without panicking.
+func FuzzParse(f *testing.F) {
+	f.Add([]byte("default: {gpus: [{mode: dynamicMIG, profiles: [1g.10gb]}]}"))
+	f.Add([]byte("nodes: [{nodeSelector: {matchLabels: {a: b}}, gpus: [{mode: staticMIG, layout: [{profile: 3g.40gb, start: 4}]}]}]"))
+	f.Add([]byte("default: {gpus: [{mode: shared, shared: {reservedMemory: 1Gi, memoryStep: 1Mi}}]}"))
+	lib, err := nvmlbackend.Open("mock:dgxh100?gpus=2")
+	if err != nil {
+		f.Fatal(err)
+	}
+	node, err := discovery.Discover(context.Background(), lib)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cfg, err := partition.Parse(data)
+		if err != nil {
+			return
+		}
+		_, _ = partition.Resolve(cfg, map[string]string{"a": "b"}, node)
+	})
+}
