@@ -79,9 +79,9 @@ func TestSandboxDemoScenario(t *testing.T) {
 	if res.Bound["team-b/Job/train-b"] <= res.Bound["team-a/Job/train-a"] {
 		t.Errorf("train-b bound at %s, not after train-a at %s", res.Bound["team-b/Job/train-b"], res.Bound["team-a/Job/train-a"])
 	}
-	// 16 + 12 whole-GPU claims, 3 MIG and 2 shared.
-	if res.Prepared != 33 || res.Unprepared != 33 {
-		t.Errorf("prepared %d and unprepared %d claims, want 33 and 33", res.Prepared, res.Unprepared)
+	// 16 + 10 whole-GPU claims, 3 MIG and 2 shared.
+	if res.Prepared != 31 || res.Unprepared != 31 {
+		t.Errorf("prepared %d and unprepared %d claims, want 31 and 31", res.Prepared, res.Unprepared)
 	}
 	var mps []string
 	for _, c := range res.MPSCommands {

@@ -47,7 +47,7 @@ type DemoResult struct {
 // Expected gangs of the demo: workload → pods.
 var demoGangs = map[string]int{
 	"team-a/Job/train-a": 16,
-	"team-b/Job/train-b": 12,
+	"team-b/Job/train-b": 10,
 }
 
 // OK reports whether the scenario ended as designed.
@@ -102,31 +102,40 @@ func (s *Sandbox) RunDemo(ctx context.Context) (DemoResult, error) {
 	w := &gangWatcher{sched: sched, say: say, res: &res, begin: begin, seen: map[string]string{}}
 	steps := []struct {
 		file, what string
-		await      string // workload whose gang must bind before the next step
+		await      func() bool // must hold before the next step
 	}{
-		{"10-team-a-training.yaml", "team A submits train-a: an indexed Job of 16 pods, one whole GPU each (one gang of 16)", "team-a/Job/train-a"},
-		{"20-team-b-inference.yaml", "team B deploys serve-b: 3 inference replicas on 1g MIG devices", ""},
-		{"30-team-b-notebooks.yaml", "team B starts two notebooks with 10Gi of a shared GPU each (MPS limits)", ""},
-		{"40-team-b-training.yaml", "team B submits train-b: 12 pods of one GPU; with train-a running, research would exceed its limit of 24", ""},
+		{file: "10-team-b-inference.yaml", what: "team B deploys serve-b: 3 inference replicas on 1g MIG devices"},
+		{file: "20-team-b-notebooks.yaml", what: "team B starts two notebooks with 10Gi of a shared GPU each (MPS limits)",
+			await: func() bool { return s.podsRunning(ctx, "team-b", 5) }},
+		{file: "30-team-a-training.yaml", what: "team A submits train-a: an indexed Job of 16 pods, one whole GPU each (one gang of 16)",
+			await: func() bool { _, ok := res.Bound["team-a/Job/train-a"]; return ok }},
+		{file: "40-team-b-training.yaml", what: "team B submits train-b: 10 pods of one GPU; with train-a running, research would exceed its limit of 24",
+			await: func() bool { _, bound := res.Bound["team-b/Job/train-b"]; return bound || res.QuotaWait != "" }},
 	}
 	for _, step := range steps {
 		say("%s", step.what)
 		if err := s.applyDemoFile(ctx, ap, step.file); err != nil {
 			return res, err
 		}
-		if step.await == "" {
+		if step.await == nil {
 			if err := w.poll(ctx); err != nil {
 				return res, err
 			}
 			continue
 		}
-		if err := w.until(ctx, 3*time.Minute, func() bool { _, ok := res.Bound[step.await]; return ok }); err != nil {
-			return res, fmt.Errorf("waiting for %s to bind: %w", step.await, err)
+		if err := w.until(ctx, 3*time.Minute, step.await); err != nil {
+			return res, fmt.Errorf("after %s: %w", step.file, err)
 		}
 		if res.FirstGangScheduled == 0 {
 			res.FirstGangScheduled = time.Since(s.start)
 			say("first gang bound %.1fs after the sandbox started", res.FirstGangScheduled.Seconds())
 		}
+	}
+	if _, bound := res.Bound["team-b/Job/train-b"]; !bound {
+		// The interesting moment: train-a runs, team B's services run, and
+		// train-b waits for quota.
+		say("what `tessera top --once` shows now:")
+		s.printTop(ctx)
 	}
 	timeout := 4*time.Minute + time.Duration(float64(90*time.Second)/s.opts.Speed)
 	err = w.until(ctx, timeout, func() bool {
@@ -136,7 +145,6 @@ func (s *Sandbox) RunDemo(ctx context.Context) (DemoResult, error) {
 		return res, fmt.Errorf("waiting for both training jobs to finish: %w", err)
 	}
 	say("train-a and train-b completed; serve-b and the notebooks are running")
-	s.printTop(ctx)
 
 	say("cleaning up: deleting the workloads; the simulated kubelets unprepare every claim")
 	if err := s.deleteDemoWorkloads(ctx); err != nil {
@@ -356,7 +364,11 @@ func (w *gangWatcher) poll(ctx context.Context) error {
 		}
 		state := string(pg.Status.Phase)
 		msg := ""
-		if c := meta.FindStatusCondition(pg.Status.Conditions, v1alpha1.PodGroupConditionScheduled); c != nil && c.Status != metav1.ConditionTrue {
+		if c := meta.FindStatusCondition(pg.Status.Conditions, v1alpha1.PodGroupConditionScheduled); c != nil && c.Status != metav1.ConditionTrue &&
+			c.Reason != v1alpha1.ReasonWaitingForMembers && c.Reason != v1alpha1.ReasonWaitingForClaims {
+			// Waiting for the Job controller to create pods and the
+			// resourceclaim controller their claims passes in a moment:
+			// not worth narrating.
 			msg = c.Message
 			if c.Reason == v1alpha1.ReasonQuotaExceeded && workload == "team-b/Job/train-b" && w.res.QuotaWait == "" {
 				w.res.QuotaWait = c.Message
