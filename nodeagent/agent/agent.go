@@ -87,6 +87,9 @@ type Agent struct {
 	counts   slices.Counts
 	nodeObj  *v1.Node
 	recorder record.EventRecorder
+	// reasons explain why the plan was degraded; degraded remembers which
+	// were reported, so each is logged and sent as an event once.
+	reasons  []string
 	degraded map[string]bool
 }
 
@@ -181,10 +184,6 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		a.config = cfg
 	}
-	node, plan, err := a.prepare(ctx, a.config, nodeObj.Labels)
-	if err != nil {
-		return err
-	}
 	features := slices.AllFeatures
 	if a.opts.Features != nil {
 		features = *a.opts.Features
@@ -192,13 +191,17 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	logger.Info("Cluster DRA features", "partitionableDevices", features.PartitionableDevices, "consumableCapacity", features.ConsumableCapacity, "deviceTaints", features.DeviceTaints)
+	node, plan, reasons, err := a.prepare(ctx, a.config, nodeObj.Labels, features)
+	if err != nil {
+		return err
+	}
 
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.opts.KubeClient.CoreV1().Events("")})
 	defer broadcaster.Shutdown()
 
 	a.mu.Lock()
-	a.node, a.plan, a.features, a.nodeObj = node, plan, features, nodeObj
+	a.node, a.plan, a.features, a.nodeObj, a.reasons = node, plan, features, nodeObj, reasons
 	a.recorder = broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "tessera-node", Host: a.opts.NodeName})
 	a.mu.Unlock()
 
@@ -355,35 +358,39 @@ func (a *Agent) waitForNode(ctx context.Context) (*v1.Node, error) {
 }
 
 // prepare discovers the GPUs, resolves the plan and brings MIG state in line.
-func (a *Agent) prepare(ctx context.Context, cfg *partition.Config, nodeLabels map[string]string) (*discovery.Node, *partition.Plan, error) {
+func (a *Agent) prepare(ctx context.Context, cfg *partition.Config, nodeLabels map[string]string, features slices.Features) (*discovery.Node, *partition.Plan, []string, error) {
 	node, err := discovery.Discover(ctx, a.opts.NVML)
 	if err != nil {
-		return nil, nil, fmt.Errorf("discover GPUs: %w", err)
+		return nil, nil, nil, fmt.Errorf("discover GPUs: %w", err)
 	}
 	plan, err := partition.Resolve(cfg, nodeLabels, node)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
+	// Degrade before touching MIG state: a dynamic-MIG GPU offered whole on
+	// an older cluster must not be switched into MIG mode.
+	plan, reasons := slices.Degrade(node, plan, features)
 	changed, err := partition.Apply(ctx, a.opts.NVML, node, plan)
 	if err != nil {
-		return nil, nil, fmt.Errorf("partition config entry %q: %w", plan.Entry, err)
+		return nil, nil, nil, fmt.Errorf("partition config entry %q: %w", plan.Entry, err)
 	}
 	if changed {
 		if node, err = discovery.Discover(ctx, a.opts.NVML); err != nil {
-			return nil, nil, fmt.Errorf("discover GPUs after changing MIG state: %w", err)
+			return nil, nil, nil, fmt.Errorf("discover GPUs after changing MIG state: %w", err)
 		}
 		if plan, err = partition.Resolve(cfg, nodeLabels, node); err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
+		plan, reasons = slices.Degrade(node, plan, features)
 	}
-	return node, plan, nil
+	return node, plan, reasons, nil
 }
 
 // resync reads config and GPUs again; problems keep the last good state.
 func (a *Agent) resync(ctx context.Context, controller *resourceslice.Controller) {
 	logger := klog.FromContext(ctx)
 	a.mu.RLock()
-	cfg, labels := a.config, a.nodeObj.Labels
+	cfg, labels, features := a.config, a.nodeObj.Labels, a.features
 	a.mu.RUnlock()
 	if a.opts.ConfigPath != "" {
 		newCfg, err := partition.Load(a.opts.ConfigPath)
@@ -395,7 +402,7 @@ func (a *Agent) resync(ctx context.Context, controller *resourceslice.Controller
 			cfg = newCfg
 		}
 	}
-	node, plan, err := a.prepare(ctx, cfg, labels)
+	node, plan, reasons, err := a.prepare(ctx, cfg, labels, features)
 	if err != nil {
 		publishErrors.WithLabelValues(a.opts.NodeName).Inc()
 		logger.Error(err, "Keeping the last published devices")
@@ -403,7 +410,7 @@ func (a *Agent) resync(ctx context.Context, controller *resourceslice.Controller
 		return
 	}
 	a.mu.Lock()
-	a.config, a.node, a.plan = cfg, node, plan
+	a.config, a.node, a.plan, a.reasons = cfg, node, plan, reasons
 	a.mu.Unlock()
 	a.publish(ctx, controller)
 }
@@ -416,7 +423,7 @@ func (a *Agent) publish(ctx context.Context, controller *resourceslice.Controlle
 	res := slices.Build(slices.Input{Node: a.node, Plan: a.plan, Features: a.features, Unhealthy: a.health.Unhealthy()})
 	a.counts = res.Counts
 	var newlyDegraded []string
-	for _, d := range res.Degraded {
+	for _, d := range append(append([]string(nil), a.reasons...), res.Degraded...) {
 		if !a.degraded[d] {
 			a.degraded[d] = true
 			newlyDegraded = append(newlyDegraded, d)

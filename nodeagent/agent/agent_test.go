@@ -490,6 +490,14 @@ func TestDegradesWithoutPartitionableDevices(t *testing.T) {
 	if f := ra.Features(); f.PartitionableDevices || f.ConsumableCapacity || !f.DeviceTaints {
 		t.Fatalf("detected features %+v", f)
 	}
+	// A GPU offered whole was not switched into MIG mode for a dynamic MIG
+	// that the cluster cannot use.
+	for i := 0; i < 3; i++ {
+		dev, _ := ra.lib.DeviceGetHandleByIndex(i)
+		if mode, _, _ := dev.GetMigMode(); mode != nvml.DEVICE_MIG_DISABLE {
+			t.Errorf("GPU %d in MIG mode on a cluster without partitionable devices", i)
+		}
+	}
 	// The Node has events that say why.
 	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		evs, err := client.CoreV1().Events("default").List(ctx, metav1.ListOptions{})

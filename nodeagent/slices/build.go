@@ -91,18 +91,12 @@ func Build(in Input) Result {
 	var groups []group
 	var counterSets []resourceapi.CounterSet
 	taints := taintsByGPU(in.Unhealthy, in.Features.DeviceTaints)
+	plan, degraded := Degrade(in.Node, in.Plan, in.Features)
+	res.Degraded = degraded
 	for i := range in.Node.GPUs {
 		g := &in.Node.GPUs[i]
-		gp := planFor(in.Plan, g)
+		gp := planFor(plan, g)
 		mode := gp.Mode
-		switch {
-		case mode == partition.ModeDynamicMIG && !in.Features.PartitionableDevices:
-			res.Degraded = append(res.Degraded, fmt.Sprintf("GPU %d (%s) is offered whole instead of dynamic MIG: the cluster does not serve partitionable devices (DRAPartitionableDevices)", g.Index, g.UUID))
-			mode = partition.ModeWhole
-		case mode == partition.ModeShared && !in.Features.ConsumableCapacity:
-			res.Degraded = append(res.Degraded, fmt.Sprintf("GPU %d (%s) is offered whole instead of shared: the cluster does not serve consumable capacity (DRAConsumableCapacity)", g.Index, g.UUID))
-			mode = partition.ModeWhole
-		}
 		var devs []resourceapi.Device
 		switch mode {
 		case partition.ModeWhole:
@@ -160,6 +154,36 @@ func Build(in Input) Result {
 	}
 	res.Pool = resourceslice.Pool{Slices: slices}
 	return res
+}
+
+// Degrade returns the plan as the cluster can serve it: dynamic-MIG GPUs
+// are offered whole without partitionable devices, shared GPUs whole without
+// consumable capacity. It explains every change; the plan given is not
+// modified. The agent applies it before preparing MIG state, so that a GPU
+// offered whole is not left in MIG mode.
+func Degrade(node *discovery.Node, plan *partition.Plan, f Features) (*partition.Plan, []string) {
+	if plan == nil {
+		return nil, nil
+	}
+	out := *plan
+	out.GPUs = append([]partition.GPUPlan(nil), plan.GPUs...)
+	var reasons []string
+	for i := range out.GPUs {
+		gp := &out.GPUs[i]
+		what := fmt.Sprintf("GPU %d (%s)", gp.Index, gp.UUID)
+		if g, ok := node.GPUByUUID(gp.UUID); ok {
+			what = fmt.Sprintf("GPU %d (%s, %s)", g.Index, g.ProductName, g.UUID)
+		}
+		switch {
+		case gp.Mode == partition.ModeDynamicMIG && !f.PartitionableDevices:
+			reasons = append(reasons, what+" is offered whole instead of dynamic MIG: the cluster does not serve partitionable devices (DRAPartitionableDevices)")
+			gp.Mode, gp.Profiles = partition.ModeWhole, nil
+		case gp.Mode == partition.ModeShared && !f.ConsumableCapacity:
+			reasons = append(reasons, what+" is offered whole instead of shared: the cluster does not serve consumable capacity (DRAConsumableCapacity)")
+			gp.Mode = partition.ModeWhole
+		}
+	}
+	return &out, reasons
 }
 
 // pack puts groups into slices of at most 128 devices, or 64 where a device
