@@ -204,21 +204,30 @@ func (s *Snapshot) indexDevices(node string, slices []*resourceapi.ResourceSlice
 			}
 		}
 	}
+	// Counter sets are per pool and usually live in their own slice (a slice has either
+	// devices or shared counters).
+	counters := map[poolKey]map[string]map[string]resource.Quantity{}
 	for _, slice := range slices {
-		gpu := s.gpuDrv.Has(slice.Spec.Driver)
-		counters := map[string]map[string]resource.Quantity{}
+		pk := poolKey{slice.Spec.Driver, slice.Spec.Pool.Name}
 		for _, cs := range slice.Spec.SharedCounters {
+			if counters[pk] == nil {
+				counters[pk] = map[string]map[string]resource.Quantity{}
+			}
 			m := map[string]resource.Quantity{}
 			for name, c := range cs.Counters {
 				m[name] = c.Value
 			}
-			counters[cs.Name] = m
+			counters[pk][cs.Name] = m
 		}
+	}
+	for _, slice := range slices {
+		gpu := s.gpuDrv.Has(slice.Spec.Driver)
+		poolCounters := counters[poolKey{slice.Spec.Driver, slice.Spec.Pool.Name}]
 		for i := range slice.Spec.Devices {
 			d := &slice.Spec.Devices[i]
 			info := &deviceInfo{node: node, memory: capacity(d, "memory")}
 			if gpu {
-				info.units = deviceUnits(d, counters, gpuMemory)
+				info.units = deviceUnits(d, poolCounters, gpuMemory)
 			}
 			s.devices[structured.MakeDeviceID(slice.Spec.Driver, slice.Spec.Pool.Name, d.Name)] = info
 		}
@@ -232,7 +241,12 @@ func deviceUnits(d *resourceapi.Device, sets map[string]map[string]resource.Quan
 	if isWholeGPU(d) {
 		return 1
 	}
-	best := 0.0
+	// Memory decides the share of a MIG device (DESIGN §6): the memory counters it consumes
+	// over all memory counters of its GPU's counter set. This covers one counter holding the
+	// number of memory slices as well as one counter of 1 per memory slice (as the node agent
+	// publishes them, so that overlapping placements exclude each other). Without memory
+	// counters the largest share of any counter is used.
+	var memUsed, memTotal, best float64
 	for _, cc := range d.ConsumesCounters {
 		total := sets[cc.CounterSet]
 		for name, c := range cc.Counters {
@@ -240,13 +254,19 @@ func deviceUnits(d *resourceapi.Device, sets map[string]map[string]resource.Quan
 			if !ok || t.IsZero() {
 				continue
 			}
-			ratio := c.Value.AsApproximateFloat64() / t.AsApproximateFloat64()
-			// Memory slices decide the share of a MIG device (DESIGN §6). Other counters are
-			// used only when no memory counter exists.
 			if isMemoryCounter(name) {
-				return ratio
+				memUsed += c.Value.AsApproximateFloat64()
+				continue
 			}
-			best = max(best, ratio)
+			best = max(best, c.Value.AsApproximateFloat64()/t.AsApproximateFloat64())
+		}
+		if memUsed > 0 {
+			for name, t := range total {
+				if isMemoryCounter(name) {
+					memTotal += t.AsApproximateFloat64()
+				}
+			}
+			return memUsed / memTotal
 		}
 	}
 	if best > 0 {
