@@ -403,11 +403,19 @@ func (r *Resolver) Resolve(ctx context.Context, pod *corev1.Pod) (*PodWorkload, 
 	}
 	cur := metav1.Object(pod)
 	hasOwner := false
-	for depth := 0; depth < maxDepth; depth++ {
+	seen := map[types.UID]bool{}
+	if pod.UID != "" {
+		seen[pod.UID] = true
+	}
+	for depth := 0; ; depth++ {
 		ref := metav1.GetControllerOfNoCopy(cur)
 		if ref == nil {
 			break
 		}
+		if depth == maxDepth || seen[ref.UID] {
+			return nil, fmt.Errorf("pod %s/%s: owner references form a cycle or a chain longer than %d at %s %s", pod.Namespace, pod.Name, maxDepth, ref.Kind, ref.Name)
+		}
+		seen[ref.UID] = true
 		hasOwner = true
 		gv, err := schema.ParseGroupVersion(ref.APIVersion)
 		if err != nil {

@@ -114,6 +114,38 @@ func TestMapLiveAndCoverage(t *testing.T) {
 		t.Errorf("live map: %+v", w)
 	}
 
+	// GPUs of DRA claims are counted through the live ResourceClaimTemplate.
+	rct := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+		"metadata": map[string]any{"name": "two-gpus", "namespace": ns},
+		"spec": map[string]any{"spec": map[string]any{"devices": map[string]any{"requests": []any{
+			map[string]any{"name": "gpus", "exactly": map[string]any{"deviceClassName": "gpu.tessera.dev", "count": int64(2)}},
+		}}}},
+	}}
+	if _, err := dc.Resource(schema.GroupVersionResource{Group: "resource.k8s.io", Version: "v1", Resource: "resourceclaimtemplates"}).Namespace(ns).Create(ctx, rct, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create ResourceClaimTemplate: %v", err)
+	}
+	withClaims := job.DeepCopy()
+	withClaims.SetName("with-claims")
+	withClaims.SetResourceVersion("")
+	_ = unstructured.SetNestedSlice(withClaims.Object, []any{map[string]any{"name": "gpus", "resourceClaimTemplateName": "two-gpus"}},
+		"spec", "pytorchReplicaSpecs", "Worker", "template", "spec", "resourceClaims")
+	if _, err := dc.Resource(schema.GroupVersionResource{Group: "kubeflow.org", Version: "v1", Resource: "pytorchjobs"}).Namespace(ns).Create(ctx, withClaims, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	out, stderr, err := runCLI(t, "", "map", "pytorchjobs.kubeflow.org/with-claims", "-n", ns, "--kubeconfig", cp.KubeconfigPath, "-o", "json")
+	if err != nil {
+		t.Fatalf("tessera map: %v\n%s", err, stderr)
+	}
+	var cw []catalog.Workload
+	if err := json.Unmarshal([]byte(out), &cw); err != nil || len(cw) != 1 {
+		t.Fatalf("output %q: %v", out, err)
+	}
+	// Worker: 1 nvidia.com/gpu + 2 devices of the whole-GPU class; master: 1.
+	if cw[0].Components[1].GPUsPerPod != 3 || cw[0].GPUs != 4 || len(cw[0].Components[1].UnresolvedClaims) != 0 {
+		t.Errorf("with claims: %+v gpus %v", cw[0].Components, cw[0].GPUs)
+	}
+
 	// A WorkloadDefinition in the cluster overrides the built-in.
 	defData, err := os.ReadFile(filepath.Join(testdata, "workloadmap-definitions", "legacy-resourceinterface", "pytorch.yaml"))
 	if err != nil {
@@ -137,7 +169,7 @@ func TestMapLiveAndCoverage(t *testing.T) {
 		t.Errorf("with a cluster definition: %+v", w.Definition)
 	}
 
-	out, stderr, err := runCLI(t, "", "catalog", "coverage", "--kubeconfig", cp.KubeconfigPath)
+	out, stderr, err = runCLI(t, "", "catalog", "coverage", "--kubeconfig", cp.KubeconfigPath)
 	if err != nil {
 		t.Fatalf("coverage: %v\n%s", err, stderr)
 	}

@@ -12,10 +12,12 @@ import (
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
+	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
@@ -274,7 +276,7 @@ func (o *mapOptions) runLive(ctx context.Context, arg string, stdout, stderr io.
 	if err != nil {
 		return err
 	}
-	w, err := cat.Map(obj)
+	w, err := cat.MapWithClaims(ctx, obj, &apiClaims{ctx: ctx, client: dc})
 	if err != nil {
 		return err
 	}
@@ -366,4 +368,30 @@ func printWorkloadTable(out io.Writer, w *catalog.Workload) {
 		gs = strings.Join(gangs, ", ")
 	}
 	fmt.Fprintf(out, "TOTAL  pods=%d  gpus=%v  gangs: %s\n", w.Pods, w.GPUs, gs)
+}
+
+// apiClaims resolves the claims and claim templates a live workload names by
+// reading them from the API server (one object, so no informer is worth it).
+type apiClaims struct {
+	ctx    context.Context
+	client dynamic.Interface
+}
+
+func (a *apiClaims) get(resource, namespace, name string, into any) bool {
+	gvr := resourcev1.SchemeGroupVersion.WithResource(resource)
+	u, err := a.client.Resource(gvr).Namespace(namespace).Get(a.ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return false
+	}
+	return runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, into) == nil
+}
+
+func (a *apiClaims) ResourceClaimTemplate(namespace, name string) (*resourcev1.ResourceClaimTemplate, bool) {
+	var t resourcev1.ResourceClaimTemplate
+	return &t, a.get("resourceclaimtemplates", namespace, name, &t)
+}
+
+func (a *apiClaims) ResourceClaim(namespace, name string) (*resourcev1.ResourceClaim, bool) {
+	var c resourcev1.ResourceClaim
+	return &c, a.get("resourceclaims", namespace, name, &c)
 }
