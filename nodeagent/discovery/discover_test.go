@@ -137,7 +137,7 @@ func TestDiscoverInstancesAndLookup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if target.GPU.UUID != g.UUID || target.Profile.GIProfileID != nvml.GPU_INSTANCE_PROFILE_3_SLICE || target.Placement.Size != int(last.Size) {
+	if target.GPU.UUID != g.UUID || target.Profile.GIProfileID != nvml.GPU_INSTANCE_PROFILE_3_SLICE || target.Placement.Size != int(last.Size) || target.Instance == nil || target.Instance.UUID != inst.UUID {
 		t.Fatalf("lookup: %+v", target)
 	}
 	if _, err := node.Lookup(devicename.MIG(g.Minor, "3g.40gb", 1)); err == nil {
@@ -153,5 +153,41 @@ func TestSemVer(t *testing.T) {
 		if got := discovery.SemVer(in); got != want {
 			t.Errorf("SemVer(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+func TestPartialComputeInstance(t *testing.T) {
+	lib, err := nvmlbackend.Open("mock:dgxa100?gpus=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, _ := lib.DeviceGetHandleByIndex(0)
+	dev.SetMigMode(nvml.DEVICE_MIG_ENABLE)
+	info, _ := dev.GetGpuInstanceProfileInfo(nvml.GPU_INSTANCE_PROFILE_3_SLICE)
+	gi, ret := dev.CreateGpuInstanceWithPlacement(&info, &nvml.GpuInstancePlacement{Start: 0, Size: 4})
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	ciInfo, ret := gi.GetComputeInstanceProfileInfo(nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	if _, ret := gi.CreateComputeInstance(&ciInfo); ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	node, err := discovery.Discover(context.Background(), lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := node.GPUs[0].MigInstances
+	if len(in) != 1 || in[0].Profile != "1c.3g.20gb" {
+		t.Fatalf("instances %+v, want one 1c.3g.20gb", in)
+	}
+	target, err := node.Lookup(devicename.MIG(0, "1c.3g.20gb", 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if target.Instance == nil || target.Profile == nil || target.Profile.Name != "3g.20gb" {
+		t.Fatalf("lookup %+v", target)
 	}
 }

@@ -152,6 +152,9 @@ type Target struct {
 	// Profile and Placement are set for MIG devices.
 	Profile   *MigProfile
 	Placement Placement
+	// Instance is the existing MIG instance of the name, if any (always set
+	// for static MIG devices, set for a dynamic one once it was created).
+	Instance *MigInstance
 }
 
 // Lookup maps a device name published by tessera back to the GPU and, for a
@@ -169,7 +172,23 @@ func (n *Node) Lookup(deviceName string) (Target, error) {
 	if name.Kind != devicename.KindMIG {
 		return t, nil
 	}
+	for i := range gpu.MigInstances {
+		in := &gpu.MigInstances[i]
+		if in.Profile == name.Profile && in.Placement.Start == name.Start {
+			t.Instance, t.Placement = in, in.Placement
+		}
+	}
 	profile, ok := gpu.Profile(name.Profile)
+	if !ok && t.Instance != nil {
+		// A static instance with a partial compute instance ("1c.3g.40gb"):
+		// its GPU instance profile is known by ID.
+		for i := range gpu.MigProfiles {
+			if gpu.MigProfiles[i].GIProfileID == t.Instance.GIProfileID {
+				t.Profile = &gpu.MigProfiles[i]
+				return t, nil
+			}
+		}
+	}
 	if !ok {
 		return Target{}, fmt.Errorf("device %q: GPU %d (%s) has no MIG profile %q", deviceName, gpu.Minor, gpu.ProductName, name.Profile)
 	}
