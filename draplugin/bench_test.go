@@ -15,6 +15,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
 	"github.com/tessera-gpu/tessera/draplugin/checkpoint"
+	"github.com/tessera-gpu/tessera/test/framework"
 )
 
 // benchPrepare measures one claim's prepare (plan, two checkpoint writes
@@ -41,6 +42,7 @@ func benchPrepare(b *testing.B, e *env, p *Plugin, c *resourceapi.ResourceClaim)
 	}
 	b.StopTimer()
 	reportPercentiles(b, durations)
+	e.release(c) // free the device for the next -count round
 }
 
 func reportPercentiles(b *testing.B, d []time.Duration) {
@@ -56,21 +58,21 @@ func BenchmarkPrepare(b *testing.B) {
 	e := newEnv(b)
 	p := e.start()
 	b.Run("wholeGPU", func(b *testing.B) {
-		c := e.claim("bench-gpu", []request{{name: "gpu", class: "gpu", selector: `device.attributes["gpu.tessera.dev"].index == 3`}})
+		c := e.claim(framework.UniqueName("bench-gpu"), []request{{name: "gpu", class: "gpu", selector: `device.attributes["gpu.tessera.dev"].index == 3`}})
 		benchPrepare(b, e, p, c)
 	})
 	b.Run("MIG", func(b *testing.B) {
-		c := e.claim("bench-mig", []request{{name: "mig", class: "mig", selector: `device.attributes["gpu.tessera.dev"].profile == "1g.10gb"`}})
+		c := e.claim(framework.UniqueName("bench-mig"), []request{{name: "mig", class: "mig", selector: `device.attributes["gpu.tessera.dev"].profile == "1g.10gb"`}})
 		benchPrepare(b, e, p, c)
 	})
 	b.Run("fractionalMPS", func(b *testing.B) {
 		// Another share keeps the GPU's MPS daemon running, as on a busy
 		// node; the measured claim only adds its client limits.
-		other := e.claim("bench-share-other", []request{{name: "s", class: "shared", memory: "1Gi"}})
+		other := e.claim(framework.UniqueName("bench-other"), []request{{name: "s", class: "shared", memory: "1Gi"}})
 		if res, err := p.PrepareResourceClaims(e.ctx, []*resourceapi.ResourceClaim{other}); err != nil || res[other.UID].Err != nil {
 			b.Fatal(err)
 		}
-		c := e.claim("bench-share", []request{{name: "s", class: "shared", memory: "10Gi", compute: "25"}})
+		c := e.claim(framework.UniqueName("bench-share"), []request{{name: "s", class: "shared", memory: "10Gi", compute: "25"}})
 		benchPrepare(b, e, p, c)
 	})
 }
