@@ -55,6 +55,10 @@ type PodWorkload struct {
 	Namespace string
 	Name      string
 	UID       types.UID
+	// Labels and Annotations of the workload object (e.g. tessera.dev/queue),
+	// from the informer cache; shared: do not modify.
+	Labels      map[string]string
+	Annotations map[string]string
 	// Workload is the mapped model of the workload object (shared between calls:
 	// do not modify).
 	Workload *catalog.Workload
@@ -468,6 +472,8 @@ func (r *Resolver) Resolve(ctx context.Context, pod *corev1.Pod) (*PodWorkload, 
 		Namespace:     top.mo.GetNamespace(),
 		Name:          top.mo.GetName(),
 		UID:           top.mo.GetUID(),
+		Labels:        top.mo.GetLabels(),
+		Annotations:   top.mo.GetAnnotations(),
 		Workload:      w,
 		Component:     pm.Component,
 		ComponentName: pm.Name,

@@ -106,6 +106,7 @@ func createManifest(t *testing.T, dc dynamic.Interface, rel, ns string, gvr sche
 	}
 	u := docs[0].Object
 	u.SetNamespace(ns)
+	u.SetLabels(map[string]string{"tessera.dev/queue": "team-a"})
 	got, err := dc.Resource(gvr).Namespace(ns).Create(context.Background(), u, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("create %s: %v", rel, err)
@@ -244,6 +245,9 @@ func TestResolveOnAPIServer(t *testing.T) {
 		got := want{pw.GVK.Kind, pw.Name, pw.Component, pw.ComponentName, gang, min, pw.Role}
 		if got != tc.want {
 			t.Errorf("pod %s: got %+v, want %+v", tc.pod.Name, got, tc.want)
+		}
+		if pw.Labels["tessera.dev/queue"] != "team-a" && pw.GVK.Kind == "PyTorchJob" {
+			t.Errorf("pod %s: workload labels %v, want the job's tessera.dev/queue", tc.pod.Name, pw.Labels)
 		}
 		if pw.Namespace != ns || pw.UID == "" || pw.Workload == nil || pw.Workload.Definition.Source != catalog.SourceBuiltin {
 			t.Errorf("pod %s: workload %s/%s uid %q model %v", tc.pod.Name, pw.Namespace, pw.Name, pw.UID, pw.Workload)
