@@ -49,5 +49,6 @@ publishes them as DRA ResourceSlices of the driver gpu.tessera.dev.`,
 		},
 	}
 	o.addFlags(cmd.Flags())
+	cmd.AddCommand(newDiscoverCommand())
 	return cmd
 }

@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 
+	"github.com/tessera-gpu/tessera/nodeagent/slices"
 	"github.com/tessera-gpu/tessera/test/framework"
 )
 
@@ -210,5 +211,44 @@ func TestServesAndStops(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatalf("did not stop after SIGTERM; output:\n%s", out.String())
+	}
+}
+
+func TestDiscoverCommand(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "partition.yaml")
+	cfg := `
+nodes:
+- name: mig
+  nodeSelector: {matchLabels: {pool: mig}}
+  gpus: [{indices: [0], mode: dynamicMIG, profiles: [1g.10gb]}, {indices: [1], mode: shared}]
+`
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Through the command line once (component-base logging can be applied
+	// once per process), then through the function behind it.
+	cmd := newRootCommand(nil)
+	var buf bytes.Buffer
+	cmd.SetOut(&buf)
+	cmd.SetArgs([]string{"discover", "--backend=mock:dgxh100?gpus=3", "--config=" + path, "--node-labels=pool=mig"})
+	err := cmd.Execute()
+	out := buf.String()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"configEntry: mig", "mig: 7", "shared: 1", "whole: 2", "- gpu-0-counters", "- gpu-0-mig-1g-10gb-6", "- gpu-1-shared", "- gpu-2\n", "rule: nodes[0].gpus[1]"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	var degraded bytes.Buffer
+	if err := discover(context.Background(), &degraded, "mock:dgxh100?gpus=3", path, "pool=mig", slices.Features{ConsumableCapacity: true, DeviceTaints: true}); err != nil {
+		t.Fatal(err)
+	}
+	if out := degraded.String(); !strings.Contains(out, "whole: 2") || !strings.Contains(out, "mig: 0") || !strings.Contains(out, "DRAPartitionableDevices") || !strings.Contains(out, "DRAPartitionableDevices") {
+		t.Errorf("degraded output:\n%s", degraded.String())
+	}
+	if err := discover(context.Background(), io.Discard, "mock:dgxh100?gpus=1", path, "pool=mig", slices.AllFeatures); err == nil || !strings.Contains(err.Error(), "nodes[0].gpus[1].indices[0]: Invalid value: 1") {
+		t.Errorf("config that does not fit: %v", err)
 	}
 }

@@ -60,7 +60,9 @@ type Input struct {
 
 // Counts are the published devices by type.
 type Counts struct {
-	Whole, MIG, Shared int
+	Whole  int `json:"whole"`
+	MIG    int `json:"mig"`
+	Shared int `json:"shared"`
 }
 
 // Result is a built pool.
