@@ -130,8 +130,22 @@ func TestMapTableAndYAML(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out, "minMember: 2") || !strings.Contains(out, "gpus: 32") {
+	if !strings.Contains(out, "minMember: 2") || !strings.Contains(out, "gpus: 32") || strings.Contains(out, "podTemplate") {
 		t.Errorf("yaml output:\n%s", out)
+	}
+	// --show-templates: the NIMService's pod template assembled from fragments.
+	nim := filepath.Join(testdata, "workloads", "NIMService", "k8s-nim-operator__standalone-basic-llm.yaml")
+	out, _, err = runCLI(t, "", "map", "-f", nim, "-o", "json", "--show-templates")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ws []catalog.Workload
+	if err := json.Unmarshal([]byte(out), &ws); err != nil {
+		t.Fatal(err)
+	}
+	tmpl, _ := json.Marshal(ws[0].Components[0].PodTemplate)
+	if !strings.Contains(string(tmpl), `"image":"nvcr.io/nim/meta/llama-3.2-1b-instruct:1.12.0"`) || !strings.Contains(string(tmpl), `"nvidia.com/gpu":1`) {
+		t.Errorf("assembled template %s", tmpl)
 	}
 }
 
