@@ -121,26 +121,7 @@ func (e *env) install() error {
 func (e *env) addNode(name string, gpus int, partitionable bool, labels map[string]string) string {
 	e.t.Helper()
 	name = e.id + "-" + name
-	all := map[string]string{"kubernetes.io/hostname": name}
-	for k, v := range labels {
-		all[k] = v
-	}
-	node := fixture.Node(name, all)
-	node.UID = ""
-	created, err := e.kube.CoreV1().Nodes().Create(e.ctx, node, metav1.CreateOptions{})
-	if err != nil {
-		e.t.Fatalf("create node: %v", err)
-	}
-	// The TaintNodesByCondition admission plugin taints new nodes not-ready; without a
-	// kubelet (and node lifecycle controller) nothing removes it, so the test does.
-	created.Spec.Taints = nil
-	if created, err = e.kube.CoreV1().Nodes().Update(e.ctx, created, metav1.UpdateOptions{}); err != nil {
-		e.t.Fatalf("untaint node: %v", err)
-	}
-	created.Status = node.Status
-	if _, err := e.kube.CoreV1().Nodes().UpdateStatus(e.ctx, created, metav1.UpdateOptions{}); err != nil {
-		e.t.Fatalf("node status: %v", err)
-	}
+	created := e.createNodeObject(name, labels)
 	slices := fixture.WholeGPUSlices(name, gpus)
 	if partitionable {
 		slices = fixture.PartitionableSlices(name, gpus)
@@ -153,13 +134,39 @@ func (e *env) addNode(name string, gpus int, partitionable bool, labels map[stri
 		}
 	}
 	e.t.Cleanup(func() {
-		ctx := context.Background()
 		for _, s := range slices {
-			_ = e.kube.ResourceV1().ResourceSlices().Delete(ctx, s.Name, metav1.DeleteOptions{})
+			_ = e.kube.ResourceV1().ResourceSlices().Delete(context.Background(), s.Name, metav1.DeleteOptions{})
 		}
-		_ = e.kube.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{})
 	})
 	return name
+}
+
+// createNodeObject creates a schedulable node with allocatable CPU, memory and pods; it is
+// deleted at the end of the test.
+func (e *env) createNodeObject(name string, labels map[string]string) *v1.Node {
+	e.t.Helper()
+	all := map[string]string{"kubernetes.io/hostname": name}
+	for k, v := range labels {
+		all[k] = v
+	}
+	node := fixture.Node(name, all)
+	node.UID = ""
+	created, err := e.kube.CoreV1().Nodes().Create(e.ctx, node, metav1.CreateOptions{})
+	if err != nil {
+		e.t.Fatalf("create node: %v", err)
+	}
+	e.t.Cleanup(func() { _ = e.kube.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{}) })
+	// The TaintNodesByCondition admission plugin taints new nodes not-ready; without a
+	// kubelet (and node lifecycle controller) nothing removes it, so the test does.
+	created.Spec.Taints = nil
+	if created, err = e.kube.CoreV1().Nodes().Update(e.ctx, created, metav1.UpdateOptions{}); err != nil {
+		e.t.Fatalf("untaint node: %v", err)
+	}
+	created.Status = node.Status
+	if created, err = e.kube.CoreV1().Nodes().UpdateStatus(e.ctx, created, metav1.UpdateOptions{}); err != nil {
+		e.t.Fatalf("node status: %v", err)
+	}
+	return created
 }
 
 // addQueue creates a root queue (or a child) with a GPU quota and limit.
