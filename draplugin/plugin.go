@@ -47,6 +47,7 @@ type Plugin struct {
 	// written is what the plugin last wrote or read, to notice when the
 	// other instance of a rolling update changed the checkpoint.
 	written os.FileInfo
+	enc     checkpoint.Encoder
 }
 
 var _ kubeletplugin.DRAPlugin = (*Plugin)(nil)
@@ -190,7 +191,11 @@ func (p *Plugin) syncFromDisk(ctx context.Context) error {
 // save writes the state. Caller holds mu.
 func (p *Plugin) save() error {
 	path := p.opts.checkpointPath()
-	if err := checkpoint.Write(path, p.opts.BootID, &p.state); err != nil {
+	raw, err := p.enc.Encode(p.opts.BootID, &p.state)
+	if err != nil {
+		return err
+	}
+	if err := checkpoint.WriteFileAtomic(path, raw, 0o600); err != nil {
 		return err
 	}
 	st, err := os.Stat(path)
