@@ -1,6 +1,7 @@
 package deployments_test
 
 import (
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -34,7 +35,12 @@ func binary(t *testing.T, name string) string {
 		t.Fatalf("build %s: %v", name, err)
 	}
 	if binDir == "" {
-		binDir = t.TempDir()
+		// Shared by the tests of this binary; TestMain removes it.
+		dir, err := os.MkdirTemp("", "tessera-deployments-bin-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		binDir = dir
 	}
 	out := filepath.Join(binDir, name)
 	cmd := exec.Command("go", "build", "-o", out, "./cmd/"+name)
