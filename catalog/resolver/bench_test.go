@@ -66,6 +66,7 @@ func cacheResolver(b *testing.B, jobs int) (*Resolver, []*corev1.Pod) {
 	lister := cache.NewGenericLister(indexer, schema.GroupResource{Group: "kubeflow.org", Resource: "pytorchjobs"})
 	r := &Resolver{
 		mapped: map[types.UID]mappedEntry{},
+		full:   map[schema.GroupVersionKind]bool{gvk: true},
 		getters: map[schema.GroupVersionKind]getter{gvk: func(ns, name string) (metav1.Object, runtime.Object, error) {
 			o, err := lister.ByNamespace(ns).Get(name)
 			if err != nil {

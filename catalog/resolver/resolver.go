@@ -24,7 +24,10 @@ import (
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/informers"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/metadata"
+	"k8s.io/client-go/metadata/metadatainformer"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 	"k8s.io/client-go/tools/cache"
@@ -122,11 +125,18 @@ type Resolver struct {
 	// clusterFactory watches cluster-scoped objects (WorkloadDefinitions), which
 	// a namespace filter must not apply to.
 	clusterFactory dynamicinformer.DynamicSharedInformerFactory
+	// metaFactory, when a metadata client is given, watches only the metadata of
+	// kinds the walk passes through but never maps (ReplicaSets, PodCliques, …
+	// and pods): owner references are all it reads from them.
+	metaFactory metadatainformer.SharedInformerFactory
 
 	// kindsMu guards the informers: kinds are added when a new definition names
 	// them or when a CRD missing at start appears.
-	kindsMu  sync.RWMutex
-	getters  map[schema.GroupVersionKind]getter
+	kindsMu sync.RWMutex
+	getters map[schema.GroupVersionKind]getter
+	// full marks kinds cached as whole objects (they can be mapped); the others
+	// are cached as metadata only.
+	full     map[schema.GroupVersionKind]bool
 	missing  map[schema.GroupVersionKind]bool
 	synced   []cache.InformerSynced
 	startCtx context.Context
@@ -164,7 +174,12 @@ type config struct {
 	clusterDefs bool
 	fileDefs    []*catalog.Definition
 	writeStatus bool
+	metadata    metadata.Interface
 }
+
+// WithMetadataClient caches the kinds that are only walked through (not mapped)
+// as metadata, which takes far less memory than whole objects. NewForConfig sets it.
+func WithMetadataClient(m metadata.Interface) Option { return func(c *config) { c.metadata = m } }
 
 // WithPodLister reuses the caller's pod informer to walk through pods that own
 // objects (a LeaderWorkerSet leader pod owns its workers' StatefulSet); without
@@ -201,8 +216,12 @@ func NewForConfig(ctx context.Context, cat *catalog.Catalog, cfg *rest.Config, o
 	if err != nil {
 		return nil, fmt.Errorf("discovery client: %w", err)
 	}
+	mc, err := metadata.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("metadata client: %w", err)
+	}
 	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disc))
-	return New(ctx, cat, dc, mapper, opts...)
+	return New(ctx, cat, dc, mapper, append([]Option{WithMetadataClient(mc)}, opts...)...)
 }
 
 // New sets up informers for every kind the catalog maps and every intermediate
@@ -219,10 +238,14 @@ func New(ctx context.Context, cat *catalog.Catalog, client dynamic.Interface, ma
 		mapper:         mapper,
 		podLister:      cfg.podLister,
 		getters:        map[schema.GroupVersionKind]getter{},
+		full:           map[schema.GroupVersionKind]bool{},
 		missing:        map[schema.GroupVersionKind]bool{},
 		mapped:         map[types.UID]mappedEntry{},
 		factory:        dynamicinformer.NewFilteredDynamicSharedInformerFactory(client, cfg.resync, cfg.namespace, nil),
 		clusterFactory: dynamicinformer.NewDynamicSharedInformerFactory(client, cfg.resync),
+	}
+	if cfg.metadata != nil {
+		r.metaFactory = metadatainformer.NewFilteredSharedInformerFactory(cfg.metadata, cfg.resync, cfg.namespace, nil)
 	}
 	r.cat.Store(cat)
 	if err := r.ensureKinds(ctx, cat); err != nil {
@@ -248,7 +271,10 @@ func (r *Resolver) ensureKinds(ctx context.Context, cat *catalog.Catalog) error 
 	defer r.kindsMu.Unlock()
 	added := false
 	for _, gvk := range append(cat.RootKinds(), cat.IntermediateKinds()...) {
-		if _, ok := r.getters[gvk]; ok {
+		// Pods are mapped only as the pod being resolved (passed in), so the walk
+		// needs their metadata only; other mapped kinds need whole objects.
+		needFull := cat.Knows(gvk) && gvk != podGVK
+		if _, ok := r.getters[gvk]; ok && (r.full[gvk] || !needFull) {
 			continue
 		}
 		if gvk == podGVK && r.podLister != nil {
@@ -260,6 +286,7 @@ func (r *Resolver) ensureKinds(ctx context.Context, cat *catalog.Catalog) error 
 				}
 				return p, p, nil
 			}
+			r.full[gvk] = true
 			continue
 		}
 		m, err := r.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
@@ -274,7 +301,12 @@ func (r *Resolver) ensureKinds(ctx context.Context, cat *catalog.Catalog) error 
 			return fmt.Errorf("REST mapping of %s: %w", gvk, err)
 		}
 		delete(r.missing, gvk)
-		inf := r.factory.ForResource(m.Resource)
+		var inf informers.GenericInformer
+		if needFull || r.metaFactory == nil {
+			inf = r.factory.ForResource(m.Resource)
+		} else {
+			inf = r.metaFactory.ForResource(m.Resource)
+		}
 		r.synced = append(r.synced, inf.Informer().HasSynced)
 		lister := inf.Lister()
 		namespaced := m.Scope.Name() == meta.RESTScopeNameNamespace
@@ -295,12 +327,16 @@ func (r *Resolver) ensureKinds(ctx context.Context, cat *catalog.Catalog) error 
 			}
 			return mo, obj, nil
 		}
+		r.full[gvk] = needFull || r.metaFactory == nil
 		added = true
-		logger.V(4).Info("Watching kind for owner lookups", "kind", gvk.String())
+		logger.V(4).Info("Watching kind for owner lookups", "kind", gvk.String(), "wholeObjects", r.full[gvk])
 	}
 	if added && r.startCtx != nil {
 		// Start only starts the informers not started yet.
 		r.factory.Start(r.startCtx.Done())
+		if r.metaFactory != nil {
+			r.metaFactory.Start(r.startCtx.Done())
+		}
 	}
 	return nil
 }
@@ -330,11 +366,13 @@ func (r *Resolver) rediscover(ctx context.Context) {
 	}
 }
 
-func (r *Resolver) getter(gvk schema.GroupVersionKind) (getter, bool) {
+// getter returns how to read objects of gvk from the caches, and whether they
+// are cached whole (mappable) or as metadata.
+func (r *Resolver) getter(gvk schema.GroupVersionKind) (getter, bool, bool) {
 	r.kindsMu.RLock()
 	defer r.kindsMu.RUnlock()
 	g, ok := r.getters[gvk]
-	return g, ok
+	return g, r.full[gvk], ok
 }
 
 // Start starts the informers and the resolver's goroutines; they stop when ctx
@@ -345,6 +383,9 @@ func (r *Resolver) Start(ctx context.Context) {
 	r.kindsMu.Unlock()
 	r.factory.Start(ctx.Done())
 	r.clusterFactory.Start(ctx.Done())
+	if r.metaFactory != nil {
+		r.metaFactory.Start(ctx.Done())
+	}
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
@@ -386,6 +427,9 @@ func (r *Resolver) WaitForCacheSync(ctx context.Context) bool {
 func (r *Resolver) Shutdown() {
 	r.factory.Shutdown()
 	r.clusterFactory.Shutdown()
+	if r.metaFactory != nil {
+		r.metaFactory.Shutdown()
+	}
 	r.wg.Wait()
 }
 
@@ -426,7 +470,7 @@ func (r *Resolver) Resolve(ctx context.Context, pod *corev1.Pod) (*PodWorkload, 
 			return nil, fmt.Errorf("pod %s/%s: owner %s %s: %w", pod.Namespace, pod.Name, ref.Kind, ref.Name, err)
 		}
 		gvk := gv.WithKind(ref.Kind)
-		get, ok := r.getter(gvk)
+		get, full, ok := r.getter(gvk)
 		if !ok || !cat.Walks(gvk) {
 			// A kind nobody defines: the walk ends; the topmost known object so far
 			// (if any above the pod) is the workload.
@@ -446,7 +490,7 @@ func (r *Resolver) Resolve(ctx context.Context, pod *corev1.Pod) (*PodWorkload, 
 			return nil, fmt.Errorf("pod %s/%s: %s %s has UID %s, owner reference says %s: %w", pod.Namespace, pod.Name, catalog.GVKString(gvk), ref.Name, mo.GetUID(), ref.UID, ErrOwnerNotFound)
 		}
 		chain = append(chain, gvk)
-		if cat.Knows(gvk) {
+		if cat.Knows(gvk) && full {
 			top, topIdx = &level{gvk: gvk, obj: obj, mo: mo}, len(chain)-1
 		}
 		cur = mo

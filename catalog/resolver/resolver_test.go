@@ -230,6 +230,19 @@ func TestResolveOnAPIServer(t *testing.T) {
 	if !r.WaitForCacheSync(ctx) {
 		t.Fatal("caches did not sync")
 	}
+	// Kinds only walked through are cached as metadata, mapped kinds whole.
+	for gvk, whole := range map[schema.GroupVersionKind]bool{
+		{Group: "grove.io", Version: "v1alpha1", Kind: "PodClique"}:    false,
+		{Group: "apps", Version: "v1", Kind: "ReplicaSet"}:             false,
+		{Version: "v1", Kind: "Pod"}:                                   false,
+		{Group: "grove.io", Version: "v1alpha1", Kind: "PodCliqueSet"}: true,
+		{Group: "kubeflow.org", Version: "v1", Kind: "PyTorchJob"}:     true,
+		{Group: "apps", Version: "v1", Kind: "StatefulSet"}:            true,
+	} {
+		if _, full, ok := r.getter(gvk); !ok || full != whole {
+			t.Errorf("%s: watched %v, whole objects %v, want %v", gvk, ok, full, whole)
+		}
+	}
 	// Every owner was created before the informers listed: all are cached now.
 	before := requests.Load()
 	for _, tc := range cases {

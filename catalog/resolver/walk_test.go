@@ -34,7 +34,7 @@ func newStoreResolver(t *testing.T, kinds ...schema.GroupVersionKind) *storeReso
 		t.Fatal(err)
 	}
 	s := &storeResolver{
-		Resolver: &Resolver{mapped: map[types.UID]mappedEntry{}, getters: map[schema.GroupVersionKind]getter{}},
+		Resolver: &Resolver{mapped: map[types.UID]mappedEntry{}, getters: map[schema.GroupVersionKind]getter{}, full: map[schema.GroupVersionKind]bool{}},
 		stores:   map[schema.GroupVersionKind]cache.Indexer{},
 		pods:     cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc}),
 	}
@@ -42,6 +42,7 @@ func newStoreResolver(t *testing.T, kinds ...schema.GroupVersionKind) *storeReso
 	for _, gvk := range kinds {
 		idx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
 		s.stores[gvk] = idx
+		s.full[gvk] = true
 		lister := cache.NewGenericLister(idx, schema.GroupResource{Group: gvk.Group, Resource: gvk.Kind})
 		s.getters[gvk] = func(ns, name string) (metav1.Object, runtime.Object, error) {
 			o, err := lister.ByNamespace(ns).Get(name)
@@ -52,6 +53,7 @@ func newStoreResolver(t *testing.T, kinds ...schema.GroupVersionKind) *storeReso
 			return mo, o, err
 		}
 	}
+	s.full[podGVK] = true
 	pl := corelisters.NewPodLister(s.pods)
 	s.getters[podGVK] = func(ns, name string) (metav1.Object, runtime.Object, error) {
 		p, err := pl.Pods(ns).Get(name)
