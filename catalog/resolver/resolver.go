@@ -307,6 +307,9 @@ func (r *Resolver) ensureKinds(ctx context.Context, cat *catalog.Catalog) error 
 		} else {
 			inf = r.metaFactory.ForResource(m.Resource)
 		}
+		// Server-side apply bookkeeping is often the largest part of an object and
+		// nothing here reads it; an informer already started keeps its transform.
+		_ = inf.Informer().SetTransform(stripManagedFields)
 		r.synced = append(r.synced, inf.Informer().HasSynced)
 		lister := inf.Lister()
 		namespaced := m.Scope.Name() == meta.RESTScopeNameNamespace
@@ -566,4 +569,12 @@ func (r *Resolver) mapObject(ctx context.Context, cat *catalog.Catalog, gvk sche
 		r.mu.Unlock()
 	}
 	return w, nil
+}
+
+// stripManagedFields drops metadata.managedFields from cached objects.
+func stripManagedFields(obj any) (any, error) {
+	if a, err := meta.Accessor(obj); err == nil && a.GetManagedFields() != nil {
+		a.SetManagedFields(nil)
+	}
+	return obj, nil
 }
