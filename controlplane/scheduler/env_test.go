@@ -30,7 +30,10 @@ import (
 	"github.com/tessera-gpu/tessera/test/framework"
 )
 
-func TestMain(m *testing.M) { os.Exit(framework.Run(m)) }
+func TestMain(m *testing.M) {
+	scheduler.RegisterMetrics()
+	os.Exit(framework.Run(m))
+}
 
 type env struct {
 	t    *testing.T

@@ -1,6 +1,8 @@
 package scheduler_test
 
 import (
+	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -8,6 +10,9 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/component-base/metrics/legacyregistry"
+	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/tessera-gpu/tessera/controlplane/api/v1alpha1"
 	"github.com/tessera-gpu/tessera/controlplane/fixture"
@@ -44,7 +49,98 @@ func TestSixteenPodGangBindsOnTwoNodes(t *testing.T) {
 		if r := cl.Status.Allocation.Devices.Results[0]; r.Pool != pod.Spec.NodeName {
 			t.Fatalf("claim %s has device %s/%s but pod is on %s", cl.Name, r.Pool, r.Device, pod.Spec.NodeName)
 		}
+		if !slices.Contains(cl.Finalizers, resourceapi.Finalizer) {
+			t.Fatalf("claim %s lacks the finalizer the claim controller needs to deallocate it", cl.Name)
+		}
 	}
+	// An Event on the PodGroup, and metrics.
+	if err := wait.PollUntilContextTimeout(e.ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		evs, err := e.kube.CoreV1().Events(e.ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.kind=PodGroup,involvedObject.name=g16"})
+		if err != nil {
+			return false, nil
+		}
+		for _, ev := range evs.Items {
+			if ev.Reason == v1alpha1.ReasonScheduled && strings.Contains(ev.Message, "16 pods bound on 2 nodes (16 GPU units)") {
+				return true, nil
+			}
+		}
+		return false, nil
+	}); err != nil {
+		t.Error("no Scheduled event on the PodGroup")
+	}
+	if v := metricValue(t, "tessera_scheduler_pods_bound_total", nil); v < 16 {
+		t.Errorf("pods_bound_total = %g, want >= 16", v)
+	}
+	if v := metricValue(t, "tessera_scheduler_queue_allocated", map[string]string{"queue": q, "resource": "gpu"}); v != 16 {
+		t.Errorf("queue_allocated{gpu} = %g, want 16", v)
+	}
+	if v := metricValue(t, "tessera_scheduler_solve_duration_seconds", nil); v < 1 {
+		t.Errorf("solve_duration_seconds has %g samples, want at least 1", v)
+	}
+}
+
+// metricValue reads a counter or gauge (the sample count of a histogram) from the
+// component-base legacy registry.
+func metricValue(t *testing.T, name string, labels map[string]string) float64 {
+	t.Helper()
+	families, err := legacyregistry.DefaultGatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range f.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if want, ok := labels[lp.GetName()]; ok && want != lp.GetValue() {
+					continue metrics
+				}
+			}
+			switch {
+			case m.Counter != nil:
+				return m.GetCounter().GetValue()
+			case m.Gauge != nil:
+				return m.GetGauge().GetValue()
+			case m.Histogram != nil:
+				return float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return -1
+}
+
+// TestRecreatedPodJoinsItsGang: a pod of a running gang fails and its operator replaces it;
+// the new pod is placed as the gang's missing member, next to the pods still bound.
+func TestRecreatedPodJoinsItsGang(t *testing.T) {
+	e := newEnv(t)
+	e.addNode("a", 8, false, nil)
+	q := e.addQueue("q", "", "", "", 1)
+	pods := e.gang("g", q, 4, gpuClaim)
+	e.startScheduler(defaultOptions())
+	e.waitBound(pods, 60*time.Second)
+	e.markRunning()
+	if err := e.kube.CoreV1().Pods(e.ns).Delete(e.ctx, pods[3].Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+		t.Fatal(err)
+	}
+	c := fixture.GPUClaim(e.ns, "g-3-replacement", 1)
+	c.UID = ""
+	if _, err := e.kube.ResourceV1().ResourceClaims(e.ns).Create(e.ctx, c, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p := fixture.Pod(e.ns, "g-3-replacement", c.Name)
+	p.UID = ""
+	p.Annotations = map[string]string{v1alpha1.PodGroupAnnotation: "g"}
+	created, err := e.kube.CoreV1().Pods(e.ns).Create(e.ctx, p, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.waitBound([]*v1.Pod{created}, 60*time.Second)
+	e.checkClaims()
+	e.waitCondition("g", v1alpha1.PodGroupConditionScheduled, metav1.ConditionTrue, func(c metav1.Condition) bool {
+		return strings.Contains(c.Message, "4 of 4 pods bound")
+	})
 }
 
 func TestGangThatDoesNotFitBindsNothingAndSaysWhy(t *testing.T) {
