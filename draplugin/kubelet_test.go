@@ -170,3 +170,53 @@ func onlyGI(t *testing.T, e *env, minor int) (gi struct{ Info nvml.GpuInstanceIn
 	}
 	return gi
 }
+
+// TestMIGWithMPS: a MIG device shared by the claim's containers through
+// MPS gets a daemon of its own, addressed by the MIG device's UUID, and the
+// configured client limits.
+func TestMIGWithMPS(t *testing.T) {
+	e := newEnv(t)
+	e.start()
+	k := e.kubelet()
+	c := e.claim("mig-mps", []request{{name: "mig", class: "mig", selector: `device.attributes["gpu.tessera.dev"].profile == "3g.40gb" && device.attributes["gpu.tessera.dev"].index == 0`}},
+		claimConfig{json: `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"MigDeviceConfig","sharing":{"strategy":"MPS","mps":{"activeThreadPercentage":50,"pinnedDeviceMemoryLimit":"20Gi"}}}`})
+	r := k.prepare(t, e.ctx, c)[string(c.UID)]
+	if r.Error != "" {
+		t.Fatal(r.Error)
+	}
+	migs := e.lib.GPUs()[0]
+	n, ret := migs.GetMaxMigDeviceCount()
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	var migUUID string
+	for i := 0; i < n; i++ {
+		if h, ret := migs.GetMigDeviceHandleByIndex(i); ret == nvml.SUCCESS {
+			migUUID, _ = h.GetUUID()
+		}
+	}
+	if !strings.HasPrefix(migUUID, "MIG-") {
+		t.Fatalf("no MIG device handle: %q", migUUID)
+	}
+	pipe, log := filepath.Join(e.mpsDir, migUUID, "pipe"), filepath.Join(e.mpsDir, migUUID, "log")
+	want := []string{"nvidia-cuda-mps-control -d | visible=" + migUUID + " pipe=" + pipe + " log=" + log + " | stdin="}
+	if got := e.tools.Calls(); !reflect.DeepEqual(got, want) {
+		t.Errorf("calls = %q, want %q", got, want)
+	}
+	spec := e.readSpec(string(c.UID))
+	wantEnv := []string{"CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M"}
+	if got := spec.Devices[0].ContainerEdits.Env; !reflect.DeepEqual(got, wantEnv) {
+		t.Errorf("env = %q, want %q", got, wantEnv)
+	}
+	e.tools.Reset()
+	if r := k.unprepare(t, e.ctx, c)[string(c.UID)]; r.Error != "" {
+		t.Fatal(r.Error)
+	}
+	want = []string{"nvidia-cuda-mps-control  | visible= pipe=" + pipe + " log=" + log + " | stdin=quit"}
+	if got := e.tools.Calls(); !reflect.DeepEqual(got, want) {
+		t.Errorf("calls at unprepare = %q, want %q", got, want)
+	}
+	if got := e.migInstances(); len(got) != 0 {
+		t.Errorf("MIG instances left: %v", got)
+	}
+}
