@@ -280,14 +280,17 @@ func configFor(configs []opaqueConfig, used []bool, request, wantKind string) co
 	return found
 }
 
-// unusedConfig reports a config that configures none of the claim's devices:
+// unusedConfig reports a claim config that configures none of its devices:
 // a GpuConfig for a claim without GPUs or shares, a MigDeviceConfig without
 // MIG devices. That is a mistake to report, not to ignore. (Whether a config
 // names a request explicitly cannot decide it: the allocator drops the
 // request list of a config that applies to every request of the claim.)
+//
+// Class configs are exempt: an administrator may write one class for GPUs
+// and MIG devices alike, and its config then fits only some of them.
 func unusedConfig(configs []opaqueConfig, used []bool) error {
 	for i, c := range configs {
-		if !used[i] {
+		if !used[i] && c.source != resourceapi.AllocationConfigSourceClass {
 			return fmt.Errorf("status.allocation.devices.config[%d] (from %s): the %s configures none of the claim's devices (requests %v); a GpuConfig configures GPUs and shares, a MigDeviceConfig MIG devices",
 				c.index, c.source, c.config.ConfigKind(), c.requests)
 		}
