@@ -256,7 +256,7 @@ func compileComponent(cd *v1alpha1.ComponentDefinition, field string) (*componen
 				image:         opt(f.ImagePath, p[len(field)+1:]+"imagePath"),
 			}
 		}
-		if forms > 1 {
+		if forms != 1 {
 			return nil, &Error{Field: field + ".specDefinition", Err: errors.New("set exactly one of podTemplateSpecPath, podSpecPath or fragmentedPodSpecDefinition")}
 		}
 		comp.hasSpec = forms == 1

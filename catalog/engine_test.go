@@ -229,6 +229,7 @@ func TestDefinitionErrors(t *testing.T) {
 		"cycle":            {head + "    childComponents:\n    - {name: a, ownerRef: b}\n    - {name: b, ownerRef: a}\n", "cycle"},
 		"bad jq":           {head + "      scaleDefinition: {replicasPath: '.x | ('}\n", `rootComponent.scaleDefinition.replicasPath: expression ".x | ("`},
 		"two forms":        {head + "      specDefinition: {podTemplateSpecPath: .a, podSpecPath: .b}\n", "exactly one of"},
+		"no form":          {head + "      specDefinition: {}\n", "rootComponent.specDefinition: set exactly one of"},
 		"byPhase alone":    {head + "      statusDefinition: {statusMappings: {running: [{byPhase: Up}]}}\n", "byPhase needs phaseDefinition"},
 		"bad member":       {head + "  optimizationInstructions: {gangScheduling: {podGroups: [{name: g, members: [{componentName: x}]}]}}\n", `members[0].componentName: no component named "x"`},
 		"bad role":         {strings.Replace(head, "metadata: {name: d}", "metadata: {name: d, annotations: {catalog.tessera.dev/roles: 'r=boss'}}", 1), `role "boss"`},

@@ -135,6 +135,15 @@ func TestClusterDefinitions(t *testing.T) {
 		t.Errorf("resolved with %+v, want the cluster definition %s", d, first.GetName())
 	}
 
+	// The API server itself rejects a component with two spec forms (CEL rule).
+	twoForms := workloadDefinition(t, pytorch, framework.UniqueName("two-forms"))
+	kids, _, _ := unstructured.NestedSlice(twoForms.Object, "spec", "structureDefinition", "childComponents")
+	_ = unstructured.SetNestedField(kids[0].(map[string]any), ".spec.x", "specDefinition", "podSpecPath")
+	_ = unstructured.SetNestedSlice(twoForms.Object, kids, "spec", "structureDefinition", "childComponents")
+	if _, err := wdr.Create(ctx, twoForms, metav1.CreateOptions{}); err == nil || !strings.Contains(err.Error(), "set exactly one of podTemplateSpecPath, podSpecPath or fragmentedPodSpecDefinition") {
+		t.Errorf("WorkloadDefinition with two spec forms: %v", err)
+	}
+
 	second := workloadDefinition(t, pytorch, framework.UniqueName("second"))
 	create(second)
 	waitAccepted(t, dc, second.GetName(), "False/Conflict")

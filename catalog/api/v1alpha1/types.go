@@ -52,6 +52,8 @@ type WorkloadMapSpec struct {
 }
 
 // StructureDefinition is the component tree of a workload kind.
+//
+// +kubebuilder:validation:XValidation:rule="has(self.rootComponent.kind)",message="the root component needs a kind: it selects the workloads the definition reads"
 type StructureDefinition struct {
 	// RootComponent is the workload object itself; its kind selects the definition.
 	RootComponent ComponentDefinition `json:"rootComponent"`
@@ -106,6 +108,9 @@ type ComponentDefinition struct {
 
 // SpecDefinition says where the component's pod spec is: exactly one of a pod
 // template, a pod spec (with optional metadata), or fragments.
+//
+// +kubebuilder:validation:XValidation:rule="(has(self.podTemplateSpecPath) ? 1 : 0) + (has(self.podSpecPath) ? 1 : 0) + (has(self.fragmentedPodSpecDefinition) ? 1 : 0) == 1",message="set exactly one of podTemplateSpecPath, podSpecPath or fragmentedPodSpecDefinition"
+// +kubebuilder:validation:XValidation:rule="!has(self.metadataPath) || has(self.podSpecPath)",message="metadataPath is only allowed with podSpecPath"
 type SpecDefinition struct {
 	// +optional
 	PodTemplateSpecPath *string `json:"podTemplateSpecPath,omitempty"`
