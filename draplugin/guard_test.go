@@ -347,3 +347,28 @@ func TestHealth(t *testing.T) {
 }
 
 func rawJSON(s string) runtime.RawExtension { return runtime.RawExtension{Raw: []byte(s)} }
+
+// TestOccupiedPlacement: a GPU instance that NVML reports over the
+// allocated placement (made outside the plugin) fails the prepare with an
+// error naming claim and device; no instance is created anywhere else.
+func TestOccupiedPlacement(t *testing.T) {
+	e := newEnv(t)
+	e.start()
+	k := e.kubelet()
+	c := e.claim("blocked", []request{{name: "mig", class: "mig", selector: `device.attributes["gpu.tessera.dev"].index == 1 && device.attributes["gpu.tessera.dev"].profile == "2g.20gb" && device.attributes["gpu.tessera.dev"].placementStart == 0`}})
+	e.createStaticMIG(1, "1g.10gb", 1) // overlaps memory slices 0..1
+	before := e.migInstances()
+	r := k.prepare(t, e.ctx, c)[string(c.UID)]
+	dev := c.Status.Allocation.Devices.Results[0].Device
+	for _, want := range []string{"MIG placement is occupied", e.ns + "/blocked", dev} {
+		if !strings.Contains(r.Error, want) {
+			t.Errorf("error %q does not contain %q", r.Error, want)
+		}
+	}
+	if got := e.migInstances(); !reflect.DeepEqual(got, before) {
+		t.Errorf("MIG instances changed: %v, want %v", got, before)
+	}
+	if len(e.specFiles()) != 0 {
+		t.Errorf("specs left: %v", e.specFiles())
+	}
+}
