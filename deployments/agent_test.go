@@ -114,3 +114,72 @@ func TestNodeAgentRunsWithChartAccess(t *testing.T) {
 		}
 	}
 }
+
+// TestDaemonSetTargetsGPUNodes creates the chart's DaemonSet for real: the
+// DaemonSet controller creates a pod for the labelled, tainted GPU node and
+// none for a plain node.
+func TestDaemonSetTargetsGPUNodes(t *testing.T) {
+	c := getCluster(t)
+	ctx := context.Background()
+	ns, prefix := install(t, c, "rbac: {queueAdmin: {enabled: false}}")
+	gpuNode, plainNode := framework.UniqueName("gpu"), framework.UniqueName("cpu")
+	for _, n := range []*corev1.Node{
+		{ObjectMeta: metav1.ObjectMeta{Name: gpuNode, Labels: map[string]string{"nvidia.com/gpu.present": "true"}},
+			Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: "nvidia.com/gpu", Value: "present", Effect: corev1.TaintEffectNoSchedule}}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: plainNode}},
+	} {
+		taints := n.Spec.Taints
+		created, err := c.client.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.client.CoreV1().Nodes().Delete(context.Background(), created.Name, metav1.DeleteOptions{}) })
+		// Ready, so that the controller considers the node.
+		created.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
+		if created, err = c.client.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		// The API server taints new nodes not-ready; no kubelet lifts it.
+		created.Spec.Taints = taints
+		if _, err := c.client.CoreV1().Nodes().Update(ctx, created, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := render(t, ns, "{fullnameOverride: "+prefix+"}")
+	for _, kind := range []string{"ConfigMap", "DaemonSet"} {
+		for _, obj := range ofKind(r, kind) {
+			c.create(t, obj, ns)
+		}
+	}
+	var targets []string
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		pods, err := c.client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		targets = nil
+		for _, p := range pods.Items {
+			// The controller pins each pod to its node by node affinity.
+			if a := p.Spec.Affinity; a != nil && a.NodeAffinity != nil && a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
+				for _, term := range a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+					for _, f := range term.MatchFields {
+						targets = append(targets, f.Values...)
+					}
+				}
+			}
+		}
+		return len(targets) > 0, nil
+	})
+	if err != nil {
+		t.Fatalf("the DaemonSet controller created no pod: %v", err)
+	}
+	// Give the controller a moment to (wrongly) add a pod for the plain node.
+	time.Sleep(2 * time.Second)
+	pods, err := c.client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pods.Items) != 1 || len(targets) != 1 || targets[0] != gpuNode {
+		t.Errorf("DaemonSet pods = %d targeting %v, want exactly one, for %s (not %s)", len(pods.Items), targets, gpuNode, plainNode)
+	}
+}
