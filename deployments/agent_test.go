@@ -133,7 +133,9 @@ func TestDaemonSetTargetsGPUNodes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = c.client.CoreV1().Nodes().Delete(context.Background(), created.Name, metav1.DeleteOptions{}) })
+		t.Cleanup(func() {
+			_ = c.client.CoreV1().Nodes().Delete(context.Background(), created.Name, metav1.DeleteOptions{})
+		})
 		// Ready, so that the controller considers the node.
 		created.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
 		if created, err = c.client.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
