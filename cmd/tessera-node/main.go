@@ -16,8 +16,8 @@ import (
 )
 
 func main() {
-	// The DRA kubelet plugin and the device plugin join here as extra
-	// components: each is an agent.Component that runs beside the agent.
+	// The kubelet DRA plugin and the device plugin are added by run, from
+	// their flags; tests add more components here.
 	var components []agent.Component
 	if err := newRootCommand(components).Execute(); err != nil {
 		logs.FlushLogs()
@@ -34,7 +34,11 @@ func newRootCommand(components []agent.Component) *cobra.Command {
 		Short: "tessera-node discovers the GPUs of one node and publishes them through DRA",
 		Long: `tessera-node discovers the GPUs of one node through NVML, carves them into whole
 GPUs, MIG devices and shared fractions as its partition config says, and
-publishes them as DRA ResourceSlices of the driver gpu.tessera.dev.`,
+publishes them as DRA ResourceSlices of the driver gpu.tessera.dev. It also
+serves the kubelet DRA plugin that prepares allocated devices (MIG instances
+created on demand, MPS limits or time-slicing for fractions, CDI specs, a
+crash-safe checkpoint), and the classic device plugin for GPUs the partition
+config puts in devicePlugin mode.`,
 		Version:       version.Get().String(),
 		SilenceUsage:  true,
 		SilenceErrors: true,

@@ -152,7 +152,30 @@ func TestServesAndStops(t *testing.T) {
 	addr := ln.Addr().String()
 	_ = ln.Close()
 
-	cmd, out := command("--node-name="+node.Name, "--backend=mock:dgxb200?gpus=3", "--kubeconfig="+cp.KubeconfigPath, "--http-address="+addr)
+	// GPU 2 goes to the device plugin; GPUs 0 and 1 are published for DRA
+	// and prepared by the kubelet plugin. Every kubelet-facing directory is a
+	// temp dir (short: unix socket paths are limited to 108 bytes).
+	dirs, err := os.MkdirTemp("", "tn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dirs) })
+	registry, dpDir := filepath.Join(dirs, "reg"), filepath.Join(dirs, "dp")
+	partitionConfig := filepath.Join(dirs, "partition.yaml")
+	dpConfig := filepath.Join(dirs, "deviceplugin.yaml")
+	if err := os.Mkdir(dpDir, 0o755); err != nil { // the kubelet's device-plugins dir
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(partitionConfig, []byte("default: {gpus: [{indices: [2], mode: devicePlugin}]}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dpConfig, []byte("pluginDir: "+dpDir+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd, out := command("--node-name="+node.Name, "--backend=mock:dgxb200?gpus=3", "--kubeconfig="+cp.KubeconfigPath, "--http-address="+addr,
+		"--config="+partitionConfig, "--device-plugin-config="+dpConfig,
+		"--kubelet-registry-dir="+registry, "--kubelet-plugin-dir="+filepath.Join(dirs, "plugin"),
+		"--cdi-dir="+filepath.Join(dirs, "cdi"), "--mps-dir="+filepath.Join(dirs, "mps"))
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +206,7 @@ func TestServesAndStops(t *testing.T) {
 	for {
 		code, body := get("/readyz")
 		if code == http.StatusOK {
-			if !strings.Contains(body, "3 whole") {
+			if !strings.Contains(body, "2 whole") {
 				t.Fatalf("/readyz: %s", body)
 			}
 			break
@@ -193,11 +216,26 @@ func TestServesAndStops(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	// The kubelet DRA plugin registers for gpu.tessera.dev, and the device
+	// plugin serves the third GPU as tessera.dev/gpu.
+	waitFor(t, "the DRA plugin's registration socket", func() bool {
+		entries, _ := os.ReadDir(registry)
+		for _, e := range entries {
+			if strings.Contains(e.Name(), "gpu.tessera.dev") {
+				return true
+			}
+		}
+		return false
+	})
+	waitFor(t, "the device plugin's socket", func() bool {
+		_, err := os.Stat(filepath.Join(dpDir, "tessera-tessera.dev_gpu.sock"))
+		return err == nil
+	})
 	if code, _ := get("/healthz"); code != http.StatusOK {
 		t.Fatalf("/healthz: %d", code)
 	}
 	_, metrics := get("/metrics")
-	want := `tessera_node_devices_published{node="` + node.Name + `",type="gpu"} 3`
+	want := `tessera_node_devices_published{node="` + node.Name + `",type="gpu"} 2`
 	if !strings.Contains(metrics, want) {
 		t.Fatalf("/metrics lacks %s", want)
 	}
@@ -250,5 +288,16 @@ nodes:
 	}
 	if err := discover(context.Background(), io.Discard, "mock:dgxh100?gpus=1", path, "pool=mig", slices.AllFeatures); err == nil || !strings.Contains(err.Error(), "nodes[0].gpus[1].indices[0]: Invalid value: 1") {
 		t.Errorf("config that does not fit: %v", err)
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

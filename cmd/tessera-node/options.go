@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -20,7 +21,9 @@ import (
 	"k8s.io/component-base/metrics/legacyregistry"
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-gpu/tessera/draplugin"
 	"github.com/tessera-gpu/tessera/nodeagent/agent"
+	"github.com/tessera-gpu/tessera/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/nodeagent/health"
 	"github.com/tessera-gpu/tessera/nodeagent/nvmlbackend"
 	"github.com/tessera-gpu/tessera/nodeagent/partition"
@@ -38,6 +41,15 @@ type options struct {
 	xidRecovery    time.Duration
 	probeInterval  time.Duration
 
+	// The kubelet DRA plugin.
+	registrarDir string
+	pluginDir    string
+	cdiDir       string
+	mpsDir       string
+	podUID       string
+	// The classic device plugin, for GPUs in devicePlugin mode.
+	devicePluginConfig string
+
 	logging     *logsapi.LoggingConfiguration
 	featureGate featuregate.MutableVersionedFeatureGate
 }
@@ -50,6 +62,11 @@ func newOptions() *options {
 		resyncPeriod:   time.Minute,
 		startupTimeout: 30 * time.Second,
 		probeInterval:  10 * time.Second,
+		registrarDir:   draplugin.DefaultRegistrarDir,
+		pluginDir:      draplugin.DefaultPluginDir,
+		cdiDir:         draplugin.DefaultCDIDir,
+		mpsDir:         draplugin.DefaultMPSDir,
+		podUID:         os.Getenv("POD_UID"),
 		logging:        logsapi.NewLoggingConfiguration(),
 		featureGate:    featuregate.NewFeatureGate(),
 	}
@@ -61,7 +78,17 @@ func newOptions() *options {
 	return o
 }
 
+func (o *options) addPluginFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.registrarDir, "kubelet-registry-dir", o.registrarDir, "Directory where the kubelet watches for plugin registration sockets.")
+	fs.StringVar(&o.pluginDir, "kubelet-plugin-dir", o.pluginDir, "Directory for the DRA plugin's socket and its checkpoint (keep it on the host: the checkpoint must survive restarts).")
+	fs.StringVar(&o.cdiDir, "cdi-dir", o.cdiDir, "Directory the container runtime reads CDI specs from; one transient spec per prepared claim is written there.")
+	fs.StringVar(&o.mpsDir, "mps-dir", o.mpsDir, "Host directory for the MPS control daemons' pipe and log directories (short: MPS creates unix sockets under it).")
+	fs.StringVar(&o.podUID, "pod-uid", o.podUID, "UID of this pod (default $POD_UID, from the downward API); enables seamless rolling updates of the kubelet plugin.")
+	fs.StringVar(&o.devicePluginConfig, "device-plugin-config", "", "Device plugin config (YAML, see docs/deviceplugin.md) for GPUs the partition config puts in devicePlugin mode; empty uses the defaults (tessera.dev/gpu).")
+}
+
 func (o *options) addFlags(fs *pflag.FlagSet) {
+	o.addPluginFlags(fs)
 	fs.StringVar(&o.nodeName, "node-name", o.nodeName, "Name of the Node this agent runs on (default $NODE_NAME).")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Path to a kubeconfig; empty uses the in-cluster service account.")
 	fs.StringVar(&o.backend, "backend", o.backend, fmt.Sprintf("NVML backend: %q (libnvidia-ml.so.1), %q, or %q<machine>[?gpus=N] with machine one of %s.", nvmlbackend.Real, nvmlbackend.Real+":<library path>", nvmlbackend.MockPrefix, strings.Join(nvmlbackend.MockMachines(), ", ")))
@@ -101,10 +128,49 @@ func (o *options) validate() (*partition.Config, error) {
 	if _, err := nvmlbackend.ParseSpec(o.backend); err != nil {
 		return nil, fmt.Errorf("--backend: %w", err)
 	}
+	if _, err := o.loadDevicePluginConfig(); err != nil {
+		return nil, err
+	}
 	if o.configPath == "" {
 		return nil, nil
 	}
 	return partition.Load(o.configPath)
+}
+
+func (o *options) loadDevicePluginConfig() (deviceplugin.Config, error) {
+	if o.devicePluginConfig == "" {
+		return deviceplugin.Config{}, nil
+	}
+	data, err := os.ReadFile(o.devicePluginConfig)
+	if err != nil {
+		return deviceplugin.Config{}, fmt.Errorf("--device-plugin-config: %w", err)
+	}
+	cfg, err := deviceplugin.ParseConfig(data)
+	if err != nil {
+		return deviceplugin.Config{}, fmt.Errorf("--device-plugin-config %s: %w", o.devicePluginConfig, err)
+	}
+	return cfg, nil
+}
+
+// pluginComponents are the kubelet-facing parts that run beside the agent:
+// the DRA plugin for GPUs published through DRA, and the device plugin for
+// GPUs in devicePlugin mode (idle while there are none).
+func (o *options) pluginComponents(client kubernetes.Interface) ([]agent.Component, error) {
+	dpConfig, err := o.loadDevicePluginConfig()
+	if err != nil {
+		return nil, err
+	}
+	return []agent.Component{
+		draplugin.Component(draplugin.Options{
+			KubeClient:       client,
+			RegistrarDir:     o.registrarDir,
+			PluginDir:        o.pluginDir,
+			CDIDir:           o.cdiDir,
+			MPSDir:           o.mpsDir,
+			RollingUpdateUID: types.UID(o.podUID),
+		}),
+		deviceplugin.AgentComponent(dpConfig, 0),
+	}, nil
 }
 
 func (o *options) restConfig() (*rest.Config, error) {
@@ -144,6 +210,12 @@ func run(ctx context.Context, o *options, components []agent.Component) error {
 	if err != nil {
 		return fmt.Errorf("create Kubernetes client: %w", err)
 	}
+
+	plugins, err := o.pluginComponents(client)
+	if err != nil {
+		return err
+	}
+	components = append(plugins, components...)
 
 	var benign []uint64
 	for _, x := range o.benignXIDs {

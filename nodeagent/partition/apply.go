@@ -33,6 +33,9 @@ func Apply(ctx context.Context, lib nvml.Interface, node *discovery.Node, plan *
 	changed := false
 	for i := range plan.GPUs {
 		g, gp := &node.GPUs[i], &plan.GPUs[i]
+		if gp.Mode == ModeDevicePlugin {
+			continue // the device plugin serves the GPU as it is, MIG or not
+		}
 		wantMIG := gp.Mode == ModeDynamicMIG || gp.Mode == ModeStaticMIG
 		if wantMIG != g.MigEnabled && (g.MigCapable || wantMIG) {
 			mode := nvml.DEVICE_MIG_DISABLE

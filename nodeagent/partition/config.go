@@ -35,9 +35,15 @@ const (
 	// ModeShared offers the GPU to many claims through consumable capacity
 	// (memory and a compute share), enforced with MPS or time-slicing.
 	ModeShared Mode = "shared"
+	// ModeDevicePlugin hands the GPU to the classic device plugin (extended
+	// resources such as tessera.dev/gpu) instead of DRA: it is not published
+	// in a ResourceSlice, and its MIG mode is left as it is, so that a
+	// cluster can move from the device plugin to DRA GPU by GPU. A GPU is
+	// offered through exactly one of the two.
+	ModeDevicePlugin Mode = "devicePlugin"
 )
 
-var modes = []string{string(ModeWhole), string(ModeDynamicMIG), string(ModeStaticMIG), string(ModeShared)}
+var modes = []string{string(ModeWhole), string(ModeDynamicMIG), string(ModeStaticMIG), string(ModeShared), string(ModeDevicePlugin)}
 
 // Config is the partition config file.
 type Config struct {
@@ -170,7 +176,7 @@ func (n *NodeConfig) validate(p *field.Path) field.ErrorList {
 			seen[idx] = true
 		}
 		switch r.Mode {
-		case ModeWhole, ModeDynamicMIG, ModeStaticMIG, ModeShared:
+		case ModeWhole, ModeDynamicMIG, ModeStaticMIG, ModeShared, ModeDevicePlugin:
 		case "":
 			errs = append(errs, field.Required(rp.Child("mode"), "one of "+strings.Join(modes, ", ")))
 		default:

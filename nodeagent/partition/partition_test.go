@@ -228,3 +228,38 @@ func FuzzParse(f *testing.F) {
 		_, _ = partition.Resolve(cfg, map[string]string{"a": "b"}, node)
 	})
 }
+
+// devicePlugin GPUs keep their MIG mode: the device plugin serves whatever
+// MIG devices exist, and the agent must not switch them.
+func TestApplyLeavesDevicePluginGPUsAlone(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	lib, _ := nvmlbackend.Open("mock:dgxh100?gpus=2")
+	dyn, _ := partition.Parse([]byte("default: {gpus: [{mode: dynamicMIG}]}"))
+	node := discover(t, lib)
+	plan, err := partition.Resolve(dyn, nil, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := partition.Apply(ctx, lib, node, plan); err != nil {
+		t.Fatal(err)
+	}
+	dp, err := partition.Parse([]byte("default: {gpus: [{indices: [0], mode: devicePlugin}, {indices: [1], mode: whole}]}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	node = discover(t, lib)
+	plan, err = partition.Resolve(dp, nil, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := partition.Apply(ctx, lib, node, plan); err != nil {
+		t.Fatal(err)
+	}
+	node = discover(t, lib)
+	if !node.GPUs[0].MigEnabled || node.GPUs[1].MigEnabled {
+		t.Fatalf("MIG modes %v %v: want GPU 0 left in MIG mode (devicePlugin), GPU 1 switched off (whole)", node.GPUs[0].MigEnabled, node.GPUs[1].MigEnabled)
+	}
+	if _, err := partition.Parse([]byte("default: {gpus: [{mode: devicePlugin, profiles: [1g.10gb]}]}")); err == nil || !strings.Contains(err.Error(), "default.gpus[0].profiles") {
+		t.Fatalf("profiles with devicePlugin: %v", err)
+	}
+}

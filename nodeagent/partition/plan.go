@@ -10,6 +10,18 @@ import (
 	"github.com/tessera-gpu/tessera/nodeagent/discovery"
 )
 
+// DevicePluginGPUs returns the indices of the GPUs the plan hands to the
+// classic device plugin.
+func (p *Plan) DevicePluginGPUs() []int {
+	var out []int
+	for _, g := range p.GPUs {
+		if g.Mode == ModeDevicePlugin {
+			out = append(out, g.Index)
+		}
+	}
+	return out
+}
+
 // Plan is how each GPU of one node is offered.
 type Plan struct {
 	// Entry names the config entry that selected the node.

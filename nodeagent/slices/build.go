@@ -130,6 +130,9 @@ func Build(in Input) Result {
 		case partition.ModeShared:
 			devs = append(devs, sharedDevice(in.Node, g, gp.Shared))
 			res.Counts.Shared++
+		case partition.ModeDevicePlugin:
+			// Served as an extended resource by the device plugin: never
+			// published, so no DRA claim can get it too.
 		}
 		t := taints[g.UUID]
 		if len(t) > 0 {

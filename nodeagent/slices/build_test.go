@@ -268,3 +268,25 @@ func TestEmptyNodePublishesAnEmptyPool(t *testing.T) {
 		t.Fatalf("want one empty slice, got %+v", res.Pool.Slices)
 	}
 }
+
+// A GPU in devicePlugin mode is served by the classic device plugin and must
+// not appear in any slice: a GPU is offered through exactly one of the two.
+func TestDevicePluginGPUsAreNotPublished(t *testing.T) {
+	node, plan := setup(t, "mock:dgxh100?gpus=4", "default: {gpus: [{indices: [1, 3], mode: devicePlugin}, {indices: [2], mode: dynamicMIG}]}")
+	if got := plan.DevicePluginGPUs(); fmt.Sprint(got) != "[1 3]" {
+		t.Fatalf("device-plugin GPUs %v, want [1 3]", got)
+	}
+	res := slices.Build(slices.Input{Node: node, Plan: plan, Features: slices.AllFeatures})
+	for _, d := range allDevices(res) {
+		n, err := devicename.Parse(d.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n.Minor == node.GPUs[1].Minor || n.Minor == node.GPUs[3].Minor {
+			t.Errorf("device %s of a devicePlugin GPU was published", d.Name)
+		}
+	}
+	if res.Counts.Whole != 2 {
+		t.Errorf("counts %+v, want 2 whole GPUs (0 and the dynamic-MIG 2)", res.Counts)
+	}
+}

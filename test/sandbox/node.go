@@ -29,9 +29,7 @@ type simNode struct {
 	kubelet *simkubelet.Kubelet
 	exec    *simExecutor
 
-	mu     sync.Mutex
-	agent  *agent.Agent
-	plugin *draplugin.Plugin
+	agent *agent.Agent
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -66,31 +64,15 @@ func startNode(ctx context.Context, client kubernetes.Interface, dir string, spe
 		NodeName:   spec.name,
 		NVML:       lib,
 		Config:     spec.config,
-		Components: []agent.Component{func(ctx context.Context, a *agent.Agent) error {
-			node, _ := a.Snapshot()
-			p, err := draplugin.Start(ctx, draplugin.Options{
-				KubeClient:   client,
-				NodeName:     spec.name,
-				NVML:         a.NVML(),
-				Node:         node,
-				RegistrarDir: n.registryDir(),
-				PluginDir:    n.pluginDir(),
-				CDIDir:       n.cdiDir(),
-				MPSDir:       n.mpsDir(),
-				Executor:     n.exec,
-				Health:       a.Health(),
-				BootID:       spec.bootID,
-			})
-			if err != nil {
-				return fmt.Errorf("start kubelet plugin: %w", err)
-			}
-			n.mu.Lock()
-			n.plugin = p
-			n.mu.Unlock()
-			<-ctx.Done()
-			p.Stop()
-			return nil
-		}},
+		Components: []agent.Component{draplugin.Component(draplugin.Options{
+			KubeClient:   client,
+			RegistrarDir: n.registryDir(),
+			PluginDir:    n.pluginDir(),
+			CDIDir:       n.cdiDir(),
+			MPSDir:       n.mpsDir(),
+			Executor:     n.exec,
+			BootID:       spec.bootID,
+		})},
 	})
 	if err != nil {
 		_ = lib.Shutdown()
@@ -132,11 +114,14 @@ func (n *simNode) pluginDir() string   { return filepath.Join(n.dir, "plugins", 
 func (n *simNode) cdiDir() string      { return filepath.Join(n.dir, "cdi") }
 func (n *simNode) mpsDir() string      { return filepath.Join(n.dir, "mps") }
 
-// ready reports whether the agent has published and the plugin is serving.
+// ready reports whether the agent has published and the kubelet plugin has
+// put its registration socket where the kubelet looks.
 func (n *simNode) ready() bool {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.agent.Ready() && n.plugin != nil
+	if !n.agent.Ready() {
+		return false
+	}
+	entries, _ := os.ReadDir(n.registryDir())
+	return len(entries) > 0
 }
 
 // failed returns the error that stopped the node early, if it stopped.

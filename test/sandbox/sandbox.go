@@ -166,12 +166,13 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
-	s = &Sandbox{opts: opts, out: opts.Out, start: time.Now()}
+	sb := &Sandbox{opts: opts, out: opts.Out, start: time.Now()}
 	defer func() {
 		if err != nil {
-			_ = s.Stop()
+			_ = sb.Stop() // the returned Sandbox is nil: clean up what started
 		}
 	}()
+	s = sb
 	cpDir := filepath.Join(opts.StateDir, "controlplane")
 	_ = os.RemoveAll(cpDir) // state of an earlier sandbox that was killed
 	s.say("starting the control plane (etcd, kube-apiserver, kube-controller-manager)")

@@ -69,6 +69,11 @@ type Kubelet struct {
 	mu    sync.Mutex
 	state map[types.UID]*podState
 	log   *Ledger
+
+	// callMu makes each plugin call and its ledger entry one step, so that
+	// the ledger's order is the order in which the plugins handled the calls
+	// (the upstream helper serializes them anyway).
+	callMu sync.Mutex
 }
 
 type podState struct {
@@ -322,7 +327,16 @@ func (k *Kubelet) prepare(ctx context.Context, pod *corev1.Pod) (failure string,
 			k.recorder.Eventf(pod, corev1.EventTypeWarning, "DRAPluginNotRegistered", "%v", err)
 			return "", err
 		}
+		k.callMu.Lock()
 		resp, err := plugin.client.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: claims})
+		if err == nil {
+			for _, c := range claims {
+				if r := resp.Claims[c.Uid]; r != nil && r.Error == "" {
+					k.log.recordPrepare(pod, driver, c, r.Devices)
+				}
+			}
+		}
+		k.callMu.Unlock()
 		if err != nil {
 			return "", fmt.Errorf("NodePrepareResources on %s: %w", driver, err)
 		}
@@ -335,7 +349,6 @@ func (k *Kubelet) prepare(ctx context.Context, pod *corev1.Pod) (failure string,
 				k.recorder.Eventf(pod, corev1.EventTypeWarning, "FailedPrepareDynamicResources", "claim %s: %s", c.Name, r.Error)
 				return fmt.Sprintf("prepare claim %s with %s: %s", c.Name, driver, r.Error), nil
 			}
-			k.log.recordPrepare(pod, driver, c, r.Devices)
 			var ids []string
 			for _, d := range r.Devices {
 				ids = append(ids, d.CdiDeviceIds...)
@@ -375,7 +388,16 @@ func (k *Kubelet) unprepare(ctx context.Context, pod *corev1.Pod) error {
 		if err != nil {
 			return err
 		}
+		k.callMu.Lock()
 		resp, err := plugin.client.NodeUnprepareResources(ctx, &drapb.NodeUnprepareResourcesRequest{Claims: claims})
+		if err == nil {
+			for _, c := range claims {
+				if r := resp.Claims[c.Uid]; r == nil || r.Error == "" {
+					k.log.recordUnprepare(pod, driver, c)
+				}
+			}
+		}
+		k.callMu.Unlock()
 		if err != nil {
 			return fmt.Errorf("NodeUnprepareResources on %s: %w", driver, err)
 		}
@@ -383,7 +405,6 @@ func (k *Kubelet) unprepare(ctx context.Context, pod *corev1.Pod) error {
 			if r := resp.Claims[c.Uid]; r != nil && r.Error != "" {
 				return fmt.Errorf("unprepare claim %s with %s: %s", c.Name, driver, r.Error)
 			}
-			k.log.recordUnprepare(pod, driver, c)
 		}
 	}
 	k.mu.Lock()
