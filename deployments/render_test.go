@@ -340,11 +340,11 @@ node:
 	},
 	{
 		name:   "one scheduler without leader election",
-		values: `scheduler: {replicas: 1, leaderElection: {enabled: false}, podDisruptionBudget: {enabled: false}, topologyKeys: [nvidia.com/gpu.clique, topology.kubernetes.io/zone]}`,
+		values: `scheduler: {replicas: 1, leaderElection: {enabled: false}, podDisruptionBudget: {enabled: false}, topologyKeys: [nvidia.com/gpu.clique, topology.kubernetes.io/zone], extraArgs: [--max-tries=1000, --spread]}`,
 		check: func(t *testing.T, r *deployments.Rendered) {
 			dep := typed(t, r, "Deployment", "", &appsv1.Deployment{})
 			args := dep.Spec.Template.Spec.Containers[0].Args
-			if !slices.Contains(args, "--leader-elect=false") || !slices.Contains(args, "--topology-keys=nvidia.com/gpu.clique,topology.kubernetes.io/zone") {
+			if !slices.Contains(args, "--leader-elect=false") || !slices.Contains(args, "--topology-keys=nvidia.com/gpu.clique,topology.kubernetes.io/zone") || args[len(args)-1] != "--spread" {
 				t.Errorf("args = %v", args)
 			}
 			if n := len(ofKind(r, "Role")) + len(ofKind(r, "PodDisruptionBudget")); n != 0 {
@@ -415,6 +415,7 @@ func TestInvalidValues(t *testing.T) {
 		{`node: {health: {probeInterval: often}}`, "/node/health/probeInterval"},
 		{`scheduler: {gpuDrivers: ["Not A Driver"]}`, "/scheduler/gpuDrivers/0"},
 		{`scheduler: {parallelism: 0}`, "/scheduler/parallelism"},
+		{`node: {extraArgs: ["rm -rf /"]}`, "/node/extraArgs/0"},
 		{`node: {dra: {enabled: false}, devicePlugin: {enabled: false}}`, "node.dra.enabled and node.devicePlugin.enabled are both false"},
 		{`scheduler: {leaderElection: {enabled: false}}`, "needs scheduler.leaderElection.enabled=true"},
 		{`scheduler: {podDisruptionBudget: {minAvailable: 2}}`, "must be below scheduler.replicas"},
