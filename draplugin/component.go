@@ -4,17 +4,22 @@ import (
 	"context"
 
 	"github.com/tessera-gpu/tessera/nodeagent/agent"
+	"github.com/tessera-gpu/tessera/nodeagent/discovery"
 )
 
 // Component runs the plugin beside the node agent (agent.Options.Components):
-// it takes the agent's node name, NVML library, discovery snapshot and health
-// broadcaster, and stops the plugin when the agent stops. opts carries the
+// it takes the agent's node name, NVML library, discovery snapshots (fresh
+// for every prepare) and health broadcaster, and stops the plugin when the agent stops. opts carries the
 // rest (KubeClient, directories, executor, rolling-update UID).
 func Component(opts Options) agent.Component {
 	return func(ctx context.Context, a *agent.Agent) error {
 		opts.NodeName = a.NodeName()
 		opts.NVML = a.NVML()
 		opts.Node, _ = a.Snapshot()
+		opts.Discovery = func() *discovery.Node {
+			n, _ := a.Snapshot()
+			return n
+		}
 		opts.Health = a.Health()
 		p, err := Start(ctx, opts)
 		if err != nil {

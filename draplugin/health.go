@@ -68,7 +68,7 @@ func (p *Plugin) WatchHealthStatus(ctx context.Context, reports chan<- kubeletpl
 func (p *Plugin) healthReport(conditions map[string]map[health.Kind]health.Event) kubeletplugin.DeviceHealthReport {
 	now := time.Now()
 	var r kubeletplugin.DeviceHealthReport
-	for _, g := range p.node.GPUs {
+	for _, g := range p.currentNode().GPUs {
 		status := kubeletplugin.HealthStatusHealthy
 		var msgs []string
 		for _, ev := range conditions[g.UUID] {

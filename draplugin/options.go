@@ -56,6 +56,11 @@ type Options struct {
 	NVML nvml.Interface
 	// Node is the discovered node; discovered from NVML at Start when nil.
 	Node *discovery.Node
+	// Discovery, when set, returns the current discovery snapshot (the node
+	// agent's, refreshed at its resyncs) and is used instead of Node for
+	// every prepare, so that a GPU the agent switched to MIG after the
+	// plugin started is known with its profiles.
+	Discovery func() *discovery.Node
 
 	// RegistrarDir is where the kubelet watches for registration sockets
 	// (default /var/lib/kubelet/plugins_registry).

@@ -97,6 +97,9 @@ func newPlugin(ctx context.Context, opts Options) (*Plugin, error) {
 		}
 	}
 	node := opts.Node
+	if node == nil && opts.Discovery != nil {
+		node = opts.Discovery()
+	}
 	if node == nil {
 		var err error
 		if node, err = discovery.Discover(ctx, opts.NVML); err != nil {
@@ -129,6 +132,16 @@ func (p *Plugin) Stop() {
 	if p.cancel != nil {
 		p.cancel()
 	}
+}
+
+// currentNode is the latest discovery snapshot.
+func (p *Plugin) currentNode() *discovery.Node {
+	if p.opts.Discovery != nil {
+		if n := p.opts.Discovery(); n != nil {
+			return n
+		}
+	}
+	return p.node
 }
 
 // Registry holds the plugin's metrics, for the binary to serve.

@@ -300,7 +300,7 @@ func unusedConfig(configs []opaqueConfig, used []bool) error {
 
 func (p *Plugin) planDevice(r resourceapi.DeviceRequestAllocationResult, configs []opaqueConfig, used []bool) (checkpoint.Device, error) {
 	d := checkpoint.Device{Requests: []string{r.Request}, Pool: r.Pool, Device: r.Device, ShareID: r.ShareID, AdminAccess: ptr.Deref(r.AdminAccess, false)}
-	target, err := p.node.Lookup(r.Device)
+	target, err := p.currentNode().Lookup(r.Device)
 	if err != nil {
 		return d, err
 	}

@@ -217,7 +217,7 @@ func (p *Plugin) destroyOrphanMIG(ctx context.Context, recorded []checkpoint.Cla
 			}
 		}
 	}
-	for _, gpu := range p.node.GPUs {
+	for _, gpu := range p.currentNode().GPUs {
 		if !gpu.MigCapable {
 			continue
 		}
