@@ -1,11 +1,13 @@
 package draplugin
 
 import (
+	"context"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -309,7 +311,10 @@ func TestHealth(t *testing.T) {
 	e.start()
 	k := e.kubelet()
 	conn := k.conn
-	stream, err := drahealthv1.NewDRAResourceHealthClient(conn).NodeWatchResources(e.ctx, &drahealthv1.NodeWatchResourcesRequest{})
+	// A deadline so that a missing report fails the test instead of hanging.
+	ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
+	defer cancel()
+	stream, err := drahealthv1.NewDRAResourceHealthClient(conn).NodeWatchResources(ctx, &drahealthv1.NodeWatchResourcesRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -343,6 +348,34 @@ func TestHealth(t *testing.T) {
 			t.Errorf("states after XID on GPU 1: %v", states)
 		}
 		break
+	}
+	// The GPU recovers: its devices are healthy again.
+	e.agent.Health().Publish(health.Event{UUID: uuid, Healthy: true})
+	for {
+		r, err := stream.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		healthy := true
+		for _, d := range r.Devices {
+			healthy = healthy && d.Health == drahealthv1.HealthStatus_HEALTHY
+		}
+		if healthy {
+			break
+		}
+	}
+}
+
+// TestNoHealthSource: without a health source the plugin does not offer
+// the health service to the kubelet.
+func TestNoHealthSource(t *testing.T) {
+	e := newEnv(t)
+	e.start(func(o *Options) { o.Health = nil })
+	k := e.kubelet()
+	for _, s := range k.info.SupportedVersions {
+		if strings.Contains(s, "DRAResourceHealth") {
+			t.Errorf("health service %s advertised without a health source", s)
+		}
 	}
 }
 
