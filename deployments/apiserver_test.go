@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strings"
 	"sync"
@@ -33,6 +32,7 @@ import (
 	"k8s.io/client-go/restmapper"
 	"k8s.io/utils/ptr"
 
+	"github.com/tessera-gpu/tessera/catalog"
 	"github.com/tessera-gpu/tessera/deployments"
 	"github.com/tessera-gpu/tessera/test/framework"
 )
@@ -678,32 +678,19 @@ func TestQueueAdminRole(t *testing.T) {
 	}
 }
 
-var catalogKindRE = regexp.MustCompile(`kind: \{group: "?([a-z0-9.]*)"?, version: ([a-z0-9]+), kind: ([A-Za-z]+)\}`)
-
-// catalogKinds are the kinds the built-in Workload Map definitions name.
+// catalogKinds are the kinds the scheduler's catalog resolver watches with
+// the built-in definitions: every mapped kind and every kind on an owner
+// chain.
 func catalogKinds(t *testing.T) []schema.GroupVersionKind {
 	t.Helper()
-	files, err := filepath.Glob(filepath.Join(deployments.Dir(), "..", "catalog", "definitions", "*.yaml"))
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no catalog definitions found: %v", err)
+	cat, err := catalog.New(nil)
+	if err != nil {
+		t.Fatal(err)
 	}
-	seen := map[schema.GroupVersionKind]bool{}
-	for _, f := range files {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, m := range catalogKindRE.FindAllStringSubmatch(string(data), -1) {
-			seen[schema.GroupVersionKind{Group: m[1], Version: m[2], Kind: m[3]}] = true
-		}
+	kinds := append(cat.RootKinds(), cat.IntermediateKinds()...)
+	sort.Slice(kinds, func(i, j int) bool { return kinds[i].String() < kinds[j].String() })
+	if len(kinds) < 10 {
+		t.Fatalf("the catalog names only %d kinds", len(kinds))
 	}
-	var out []schema.GroupVersionKind
-	for k := range seen {
-		out = append(out, k)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
-	if len(out) < 10 {
-		t.Fatalf("found only %d kinds in the catalog definitions; has their format changed?", len(out))
-	}
-	return out
+	return kinds
 }
