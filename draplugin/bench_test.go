@@ -167,3 +167,26 @@ func BenchmarkPrepared512(b *testing.B) {
 	}
 	b.ReportMetric(float64(st.Size())/1024, "checkpoint-KiB")
 }
+
+// BenchmarkPrepareGRPC is what the kubelet sees for a whole GPU: the
+// NodePrepareResources call over the unix socket, including the helper's
+// GET of the claim from the API server and its serialization lock.
+func BenchmarkPrepareGRPC(b *testing.B) {
+	e := newEnv(b)
+	e.start()
+	k := e.kubelet()
+	c := e.claim(framework.UniqueName("bench-grpc"), []request{{name: "gpu", class: "gpu", selector: `device.attributes["gpu.tessera.dev"].index == 3`}})
+	var d []time.Duration
+	for b.Loop() {
+		start := time.Now()
+		if r := k.prepare(b, e.ctx, c)[string(c.UID)]; r.Error != "" {
+			b.Fatal(r.Error)
+		}
+		d = append(d, time.Since(start))
+		b.StopTimer()
+		k.unprepare(b, e.ctx, c)
+		b.StartTimer()
+	}
+	reportPercentiles(b, d)
+	e.release(c)
+}
