@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-gpu/tessera/deployments"
+	"github.com/tessera-gpu/tessera/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/nodeagent/partition"
 )
 
@@ -163,7 +164,7 @@ func TestDefaultRender(t *testing.T) {
 			t.Error("the driver root must be mounted read-only")
 		}
 	}
-	for _, arg := range []string{"--node-name=$(NODE_NAME)", "--backend=nvml", "--config=/etc/tessera/partition/partition.yaml"} {
+	for _, arg := range []string{"--node-name=$(NODE_NAME)", "--backend=nvml", "--config=/etc/tessera/partition.yaml"} {
 		if !slices.Contains(c.Args, arg) {
 			t.Errorf("node args %v lack %s", c.Args, arg)
 		}
@@ -211,7 +212,7 @@ func TestDefaultRender(t *testing.T) {
 	}
 
 	// The partition ConfigMap is what the node agent's own parser accepts.
-	cm := typed(t, r, "ConfigMap", "tessera-node-partition", &corev1.ConfigMap{})
+	cm := typed(t, r, "ConfigMap", "tessera-node-config", &corev1.ConfigMap{})
 	cfg, err := partition.Parse([]byte(cm.Data["partition.yaml"]))
 	if err != nil {
 		t.Fatalf("default partition config rejected by the node agent: %v", err)
@@ -238,20 +239,29 @@ var combinations = []struct {
 	check  func(t *testing.T, r *deployments.Rendered)
 }{
 	{
-		name:   "device plugin only",
-		values: `node: {dra: {enabled: false}, devicePlugin: {enabled: true}}`,
+		name:   "device plugin for every GPU",
+		values: `node: {devicePlugin: {enabled: true, config: {resourceName: nvidia.com/gpu, migStrategy: mixed, timeSlicing: {replicas: 4, renameByDefault: true}}}, partition: {default: {gpus: [{mode: devicePlugin}]}}}`,
 		check: func(t *testing.T, r *deployments.Rendered) {
 			ds := typed(t, r, "DaemonSet", "", &appsv1.DaemonSet{})
-			if got, want := hostPaths(ds.Spec.Template.Spec), []string{"/", "/var/lib/kubelet/device-plugins"}; !slices.Equal(got, want) {
-				t.Errorf("host paths = %v, want %v: no DRA sockets, CDI or MPS dirs without DRA", got, want)
+			wantPaths := []string{"/", "/dev/nvidia-caps", "/run/tessera/mps", "/var/lib/kubelet/device-plugins", "/var/lib/kubelet/plugins/gpu.tessera.dev", "/var/lib/kubelet/plugins_registry", "/var/run/cdi"}
+			if got := hostPaths(ds.Spec.Template.Spec); !slices.Equal(got, wantPaths) {
+				t.Errorf("host paths = %v, want %v (the DRA plugin runs anyway)", got, wantPaths)
 			}
-			role := typed(t, r, "ClusterRole", "tessera-node", &rbacv1.ClusterRole{})
-			if hasRule(role.Rules, "resource.k8s.io", "resourceslices", "create") || hasRule(role.Rules, "resource.k8s.io", "resourceclaims", "get") {
-				t.Error("without DRA the node agent needs no access to slices or claims")
+			if args := ds.Spec.Template.Spec.Containers[0].Args; !slices.Contains(args, "--device-plugin-config=/etc/tessera/device-plugin.yaml") {
+				t.Errorf("args %v do not pass the device plugin config", args)
 			}
-			if got := names(ofKind(r, "ValidatingAdmissionPolicy")); !slices.Equal(got, []string{"tessera-scheduler-writes"}) {
-				t.Errorf("admission policies = %v, want only the scheduler's", got)
+			cm := &corev1.ConfigMap{}
+			typed(t, r, "ConfigMap", "", cm)
+			cfg, err := deviceplugin.ParseConfig([]byte(cm.Data["device-plugin.yaml"]))
+			if err != nil {
+				t.Fatalf("device plugin config rejected by the plugin: %v", err)
 			}
+			if cfg.ResourceName != "nvidia.com/gpu" || cfg.MIGStrategy != "mixed" || cfg.TimeSlicing == nil || cfg.TimeSlicing.Replicas != 4 {
+				t.Errorf("device plugin config = %+v, not what the values say", cfg)
+			}
+			checkPartition(t, r, func(cfg *partition.Config) bool {
+				return cfg.Default.GPUs[0].Mode == partition.ModeDevicePlugin
+			})
 		},
 	},
 	{
@@ -416,7 +426,10 @@ func TestInvalidValues(t *testing.T) {
 		{`scheduler: {gpuDrivers: ["Not A Driver"]}`, "/scheduler/gpuDrivers/0"},
 		{`scheduler: {parallelism: 0}`, "/scheduler/parallelism"},
 		{`node: {extraArgs: ["rm -rf /"]}`, "/node/extraArgs/0"},
-		{`node: {dra: {enabled: false}, devicePlugin: {enabled: false}}`, "node.dra.enabled and node.devicePlugin.enabled are both false"},
+		{`node: {partition: {nodes: [{nodeSelector: {matchLabels: {a: b}}, gpus: [{mode: devicePlugin}]}]}}`, "needs node.devicePlugin.enabled=true"},
+		{`node: {devicePlugin: {enabled: true, config: {migStrategy: some}}}`, "/node/devicePlugin/config/migStrategy"},
+		{`node: {devicePlugin: {enabled: true, config: {pluginDir: /elsewhere}}}`, "pluginDir"},
+		{`node: {devicePlugin: {enabled: true, config: {timeSlicing: {replicas: 0}}}}`, "/node/devicePlugin/config/timeSlicing/replicas"},
 		{`scheduler: {leaderElection: {enabled: false}}`, "needs scheduler.leaderElection.enabled=true"},
 		{`scheduler: {podDisruptionBudget: {minAvailable: 2}}`, "must be below scheduler.replicas"},
 		{`scheduler: {topologyKeys: ["bad key!"]}`, "/scheduler/topologyKeys/0"},

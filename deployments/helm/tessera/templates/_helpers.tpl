@@ -57,8 +57,15 @@ message. Every template includes it, so a bad combination fails the render.
 */}}
 {{- define "tessera.validate" -}}
 {{- $n := .Values.node -}}
-{{- if and $n.enabled (not $n.dra.enabled) (not $n.devicePlugin.enabled) -}}
-{{- fail "invalid values: node.dra.enabled and node.devicePlugin.enabled are both false: the node agent would serve no GPU; set node.enabled=false to run without it" -}}
+{{- if and $n.enabled (not $n.devicePlugin.enabled) -}}
+{{- $rules := list -}}
+{{- with $n.partition.default }}{{ $rules = concat $rules (default list .gpus) }}{{ end -}}
+{{- range $n.partition.nodes }}{{ $rules = concat $rules (default list .gpus) }}{{ end -}}
+{{- range $rules -}}
+{{- if eq .mode "devicePlugin" -}}
+{{- fail "invalid values: node.partition puts GPUs in devicePlugin mode, which needs node.devicePlugin.enabled=true (the kubelet's device-plugin directory)" -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- $s := .Values.scheduler -}}
 {{- if and $s.enabled (gt (int $s.replicas) 1) (not $s.leaderElection.enabled) -}}
