@@ -1,14 +1,16 @@
 package draplugin
 
 import (
+	"fmt"
+
 	"k8s.io/component-base/metrics"
 )
 
 const metricsSubsystem = "tessera_draplugin"
 
-// pluginMetrics are the plugin's Prometheus metrics. Each plugin has its
-// own registry (Plugin.Registry) so that tests and the binary can run
-// several instances without duplicate registration.
+// pluginMetrics are the plugin's Prometheus metrics, registered in
+// Options.Registry or, by default, in a registry of the plugin's own
+// (Plugin.Registry), so that tests can run several instances.
 type pluginMetrics struct {
 	registry         metrics.KubeRegistry
 	operations       *metrics.CounterVec
@@ -18,9 +20,12 @@ type pluginMetrics struct {
 	recoveredActions *metrics.CounterVec
 }
 
-func newMetrics() *pluginMetrics {
+func newMetrics(reg metrics.KubeRegistry) (*pluginMetrics, error) {
+	if reg == nil {
+		reg = metrics.NewKubeRegistry()
+	}
 	m := &pluginMetrics{
-		registry: metrics.NewKubeRegistry(),
+		registry: reg,
 		operations: metrics.NewCounterVec(&metrics.CounterOpts{
 			Subsystem:      metricsSubsystem,
 			Name:           "claim_operations_total",
@@ -53,6 +58,10 @@ func newMetrics() *pluginMetrics {
 			StabilityLevel: metrics.ALPHA,
 		}, []string{"action"}),
 	}
-	m.registry.MustRegister(m.operations, m.errors, m.duration, m.preparedDevices, m.recoveredActions)
-	return m
+	for _, c := range []metrics.Registerable{m.operations, m.errors, m.duration, m.preparedDevices, m.recoveredActions} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register DRA plugin metrics: %w", err)
+		}
+	}
+	return m, nil
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/component-base/metrics"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
 	"github.com/tessera-gpu/tessera/draplugin/cdi"
@@ -98,6 +99,9 @@ type Options struct {
 	// OrphanMIG selects which MIG instances reconciliation destroys
 	// (default DestroyUnowned).
 	OrphanMIG OrphanMIGPolicy
+	// Registry receives the plugin's metrics (one plugin per registry);
+	// default: a registry of its own, see Plugin.Registry.
+	Registry metrics.KubeRegistry
 	// FatalError is called for errors the helper reports as fatal (a gRPC
 	// server died). Default: log only.
 	FatalError func(error)

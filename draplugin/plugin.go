@@ -110,6 +110,10 @@ func newPlugin(ctx context.Context, opts Options) (*Plugin, error) {
 	if err != nil {
 		return nil, err
 	}
+	m, err := newMetrics(opts.Registry)
+	if err != nil {
+		return nil, err
+	}
 	return &Plugin{
 		opts:    opts,
 		node:    node,
@@ -117,7 +121,7 @@ func newPlugin(ctx context.Context, opts Options) (*Plugin, error) {
 		caps:    cdi.MIGCaps{MinorsFile: opts.MIGMinorsFile},
 		mig:     mig.Manager{Lib: opts.NVML},
 		sharing: &sharing.Controller{Exec: opts.Executor, MPSRoot: opts.MPSDir},
-		metrics: newMetrics(),
+		metrics: m,
 		state:   checkpoint.NewData(),
 	}, nil
 }
