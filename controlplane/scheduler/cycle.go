@@ -30,7 +30,9 @@ type gangState struct {
 	mapping mapper.Mapping
 	pending []*v1.Pod
 	bound   []*v1.Pod
-	running int
+	// terminating pods still hold their devices; they are charged, not counted as members.
+	terminating []*v1.Pod
+	running     int
 	// Outcome of this cycle for the Scheduled condition.
 	reason, message string
 	queueOK         bool
@@ -71,6 +73,9 @@ func (s *Scheduler) cycle(ctx context.Context) {
 			continue
 		}
 		for _, p := range g.bound {
+			tree.Charge(g.pg.Spec.Queue, s.podUsage(snap, p, countedClaims))
+		}
+		for _, p := range g.terminating {
 			tree.Charge(g.pg.Spec.Queue, s.podUsage(snap, p, countedClaims))
 		}
 	}
@@ -116,6 +121,7 @@ func (s *Scheduler) cycle(ctx context.Context) {
 	// by over-quota usage per weight). A gang that does not fit does not block the gangs
 	// behind it.
 	admitted := 0
+	var reclaimFor *gangState
 	for len(byQueue) > 0 {
 		if ctx.Err() != nil {
 			return
@@ -135,9 +141,15 @@ func (s *Scheduler) cycle(ctx context.Context) {
 		if s.place(ctx, snap, tree, g, capGen) {
 			admitted++
 			pending--
+		} else if reclaimFor == nil && !bestRank.Borrowing && g.reason == v1alpha1.ReasonUnschedulable {
+			reclaimFor = g
 		}
 	}
 	gangsPending.Set(float64(pending))
+	if reclaimFor != nil {
+		in := snapshot.Input{Nodes: nodes, Pods: pods, Slices: slices, Claims: claims, Classes: classes}
+		s.reclaim(ctx, in, gangs, tree, reclaimFor)
+	}
 
 	s.writeStatuses(ctx, gangs, tree)
 	logger.V(3).Info("Cycle done", "gangs", len(gangs), "admitted", admitted, "duration", time.Since(start))
@@ -150,8 +162,25 @@ func (s *Scheduler) collectGangs(ctx context.Context, pods []*v1.Pod) map[string
 	gangs := map[string]*gangState{}
 	live := map[types.UID]bool{}
 	for _, p := range pods {
-		if p.Spec.SchedulerName != s.opts.SchedulerName || p.DeletionTimestamp != nil ||
-			p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed {
+		if p.Spec.SchedulerName != s.opts.SchedulerName || p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed {
+			continue
+		}
+		if p.DeletionTimestamp != nil {
+			// A terminating pod is no longer a member, but until it is gone its devices and
+			// requests are held: it stays charged to its queue.
+			if p.Spec.NodeName != "" {
+				s.mu.Lock()
+				m, ok := s.mappings[p.UID]
+				s.mu.Unlock()
+				if ok {
+					key := p.Namespace + "/" + m.Group
+					if gangs[key] == nil {
+						gangs[key] = &gangState{key: key, mapping: m}
+					}
+					gangs[key].terminating = append(gangs[key].terminating, p)
+					live[p.UID] = true
+				}
+			}
 			continue
 		}
 		live[p.UID] = true

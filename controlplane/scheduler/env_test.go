@@ -357,14 +357,18 @@ func (e *env) markRunning() {
 	}
 }
 
-// finish marks pods Succeeded, as a kubelet does when their containers exit.
+// finish marks pods Succeeded, as a kubelet does when their containers exit (pods already
+// gone are skipped).
 func (e *env) finish(pods []*v1.Pod) {
 	e.t.Helper()
 	all := e.pods()
 	for _, p := range pods {
 		cur := all[p.Name]
+		if cur == nil {
+			continue // evicted and gone
+		}
 		cur.Status.Phase = v1.PodSucceeded
-		if _, err := e.kube.CoreV1().Pods(e.ns).UpdateStatus(e.ctx, cur, metav1.UpdateOptions{}); err != nil {
+		if _, err := e.kube.CoreV1().Pods(e.ns).UpdateStatus(e.ctx, cur, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
 			e.t.Fatalf("mark %s Succeeded: %v", p.Name, err)
 		}
 	}

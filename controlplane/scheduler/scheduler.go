@@ -95,6 +95,7 @@ type Scheduler struct {
 	mappings    map[types.UID]mapper.Mapping
 	failures    map[string]*failure // gang key → last failure (backoff, event dedup)
 	capacityGen uint64              // bumped when capacity may have come back
+	evicting    map[types.UID]time.Time
 
 	inflight sync.WaitGroup
 	slots    chan struct{}
@@ -152,6 +153,7 @@ func New(cfg *rest.Config, opts Options) (*Scheduler, error) {
 		trigger:   make(chan struct{}, 1),
 		mappings:  map[types.UID]mapper.Mapping{},
 		failures:  map[string]*failure{},
+		evicting:  map[types.UID]time.Time{},
 		slots:     make(chan struct{}, opts.Parallelism),
 	}
 	s.factory = informers.NewSharedInformerFactory(kube, 0)
@@ -293,6 +295,7 @@ func (s *Scheduler) lead(ctx context.Context) error {
 	s.assumed.reset()
 	s.mu.Lock()
 	s.failures = map[string]*failure{}
+	s.evicting = map[types.UID]time.Time{}
 	s.mu.Unlock()
 	if err := s.recover(ctx); err != nil {
 		return fmt.Errorf("recover state: %w", err)
