@@ -203,7 +203,7 @@ func TestPrepareRunCompleteUnprepare(t *testing.T) {
 	k := startNode(t, ctx, client, node, plugin)
 
 	claim := allocatedClaim(t, ctx, client, ns, "train-0-gpu", node)
-	pod, err := client.CoreV1().Pods(ns).Create(ctx, podWithClaim(ns, "train-0", claim.Name, map[string]string{AnnotationDuration: "1s"}), metav1.CreateOptions{})
+	pod, err := client.CoreV1().Pods(ns).Create(ctx, podWithClaim(ns, "train-0", claim.Name, nil), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,6 +213,12 @@ func TestPrepareRunCompleteUnprepare(t *testing.T) {
 	running := waitPhase(t, ctx, client, pod, corev1.PodRunning)
 	if running.Status.StartTime == nil || len(running.Status.ContainerStatuses) != 1 || running.Status.ContainerStatuses[0].State.Running == nil {
 		t.Errorf("running pod status incomplete: %+v", running.Status)
+	}
+	// Without a duration the pod runs until told otherwise; give it one that
+	// has already passed, and it completes.
+	patch := []byte(`{"metadata":{"annotations":{"` + AnnotationDuration + `":"1ms"}}}`)
+	if _, err := client.CoreV1().Pods(ns).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
 	}
 	waitPhase(t, ctx, client, pod, corev1.PodSucceeded)
 	err = Wait(ctx, 10*time.Second, func(context.Context) (bool, error) {
