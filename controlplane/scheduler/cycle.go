@@ -578,6 +578,13 @@ func (s *Scheduler) writeStatuses(ctx context.Context, gangs map[string]*gangSta
 		case g.reason != "" && g.reason != v1alpha1.ReasonScheduled:
 			set(v1alpha1.PodGroupConditionScheduled, metav1.ConditionFalse, g.reason, g.message)
 		}
+		switch g.reason {
+		// Not for WaitingForMembers/WaitingForClaims: their counts change with every pod a
+		// workload creates, and writing each pod for each change is quadratic.
+		case v1alpha1.ReasonUnschedulable, v1alpha1.ReasonQuotaExceeded, v1alpha1.ReasonCommitFailed,
+			v1alpha1.ReasonNoQueue, v1alpha1.ReasonQueueNotFound, v1alpha1.ReasonQueueInvalid:
+			s.markPodsUnschedulable(ctx, g)
+		}
 		if statusEqual(&g.pg.Status, st) {
 			continue
 		}

@@ -190,6 +190,21 @@ func TestGangThatDoesNotFitBindsNothingAndSaysWhy(t *testing.T) {
 	if n := e.boundCount(pods); n != 0 {
 		t.Fatalf("%d pods of a gang that does not fit were bound", n)
 	}
+	// The waiting pods say why, as pods of the kube-scheduler do.
+	for _, p := range e.pods() {
+		if !strings.HasPrefix(p.Name, "g16-") {
+			continue
+		}
+		var cond *v1.PodCondition
+		for i := range p.Status.Conditions {
+			if p.Status.Conditions[i].Type == v1.PodScheduled {
+				cond = &p.Status.Conditions[i]
+			}
+		}
+		if cond == nil || cond.Status != v1.ConditionFalse || cond.Reason != v1.PodReasonUnschedulable || !strings.Contains(cond.Message, "at most 14 placed together") {
+			t.Fatalf("pod %s PodScheduled condition = %+v", p.Name, cond)
+		}
+	}
 	claims, _ := e.kube.ResourceV1().ResourceClaims(e.ns).List(e.ctx, metav1.ListOptions{})
 	for _, cl := range claims.Items {
 		if strings.HasPrefix(cl.Name, "g16-") && cl.Status.Allocation != nil {
