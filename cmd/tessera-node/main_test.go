@@ -239,6 +239,12 @@ func TestServesAndStops(t *testing.T) {
 	if !strings.Contains(metrics, want) {
 		t.Fatalf("/metrics lacks %s", want)
 	}
+	// The kubelet plugins' own registries are served beside the agent's.
+	for _, name := range []string{"tessera_draplugin_prepared_devices", "tessera_deviceplugin_"} {
+		if !strings.Contains(metrics, name) {
+			t.Errorf("/metrics lacks %s...", name)
+		}
+	}
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}

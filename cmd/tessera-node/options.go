@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -18,6 +20,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/component-base/featuregate"
 	logsapi "k8s.io/component-base/logs/api/v1"
+	"k8s.io/component-base/metrics"
 	"k8s.io/component-base/metrics/legacyregistry"
 	"k8s.io/klog/v2"
 
@@ -155,11 +158,17 @@ func (o *options) loadDevicePluginConfig() (deviceplugin.Config, error) {
 // pluginComponents are the kubelet-facing parts that run beside the agent:
 // the DRA plugin for GPUs published through DRA, and the device plugin for
 // GPUs in devicePlugin mode (idle while there are none).
-func (o *options) pluginComponents(client kubernetes.Interface) ([]agent.Component, error) {
+// Their metrics are served on /metrics beside the agent's (pluginMetrics);
+// a fatal error of the DRA plugin's gRPC servers ends the process so that
+// the DaemonSet restarts it, rather than leaving a node the kubelet cannot
+// reach.
+func (o *options) pluginComponents(client kubernetes.Interface, fatal func(error)) ([]agent.Component, prometheus.Gatherers, error) {
 	dpConfig, err := o.loadDevicePluginConfig()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	draMetrics := metrics.NewKubeRegistry()
+	dpMetrics := &deviceplugin.Gatherer{}
 	return []agent.Component{
 		draplugin.Component(draplugin.Options{
 			KubeClient:       client,
@@ -168,9 +177,11 @@ func (o *options) pluginComponents(client kubernetes.Interface) ([]agent.Compone
 			CDIDir:           o.cdiDir,
 			MPSDir:           o.mpsDir,
 			RollingUpdateUID: types.UID(o.podUID),
+			Registry:         draMetrics,
+			FatalError:       fatal,
 		}),
-		deviceplugin.AgentComponent(dpConfig, 0),
-	}, nil
+		deviceplugin.AgentComponent(dpConfig, 0, dpMetrics),
+	}, prometheus.Gatherers{draMetrics, dpMetrics}, nil
 }
 
 func (o *options) restConfig() (*rest.Config, error) {
@@ -211,7 +222,12 @@ func run(ctx context.Context, o *options, components []agent.Component) error {
 		return fmt.Errorf("create Kubernetes client: %w", err)
 	}
 
-	plugins, err := o.pluginComponents(client)
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	plugins, pluginMetrics, err := o.pluginComponents(client, func(err error) {
+		logger.Error(err, "Kubelet plugin failed; stopping so that tessera-node is restarted")
+		cancel(fmt.Errorf("kubelet plugin: %w", err))
+	})
 	if err != nil {
 		return err
 	}
@@ -241,7 +257,7 @@ func run(ctx context.Context, o *options, components []agent.Component) error {
 		if err != nil {
 			return fmt.Errorf("--http-address: %w", err)
 		}
-		srv := &http.Server{Handler: endpoints(a), ReadHeaderTimeout: 10 * time.Second}
+		srv := &http.Server{Handler: endpoints(a, pluginMetrics), ReadHeaderTimeout: 10 * time.Second}
 		go func() {
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				logger.Error(err, "HTTP endpoint stopped")
@@ -255,10 +271,16 @@ func run(ctx context.Context, o *options, components []agent.Component) error {
 		logger.Info("Serving /healthz, /readyz and /metrics", "address", ln.Addr().String())
 	}
 	logger.Info("Starting", "node", o.nodeName, "backend", o.backend, "config", o.configPath)
-	return a.Run(ctx)
+	if err := a.Run(ctx); err != nil {
+		return err
+	}
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause // a fatal plugin error, not a signal
+	}
+	return nil
 }
 
-func endpoints(a *agent.Agent) http.Handler {
+func endpoints(a *agent.Agent, pluginMetrics prometheus.Gatherers) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write([]byte("ok\n"))
@@ -271,6 +293,9 @@ func endpoints(a *agent.Agent) http.Handler {
 		c := a.Counts()
 		_, _ = w.Write([]byte("ok: " + strconv.Itoa(c.Whole) + " whole, " + strconv.Itoa(c.MIG) + " MIG, " + strconv.Itoa(c.Shared) + " shared\n"))
 	})
-	mux.Handle("/metrics", legacyregistry.Handler())
+	// The agent's metrics live in the legacy registry; each plugin keeps a
+	// registry of its own.
+	gatherers := append(prometheus.Gatherers{legacyregistry.DefaultGatherer}, pluginMetrics...)
+	mux.Handle("/metrics", promhttp.HandlerFor(gatherers, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
 	return mux
 }

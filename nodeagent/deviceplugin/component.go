@@ -4,7 +4,11 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"k8s.io/klog/v2"
 
@@ -12,13 +16,43 @@ import (
 	"github.com/tessera-gpu/tessera/nodeagent/discovery"
 )
 
+// Gatherer serves the metrics of whichever device plugin AgentComponent runs
+// at the moment (none while no GPU is in devicePlugin mode).
+type Gatherer struct {
+	mu sync.Mutex
+	p  *Plugin
+}
+
+var _ prometheus.Gatherer = (*Gatherer)(nil)
+
+// Gather implements prometheus.Gatherer.
+func (g *Gatherer) Gather() ([]*dto.MetricFamily, error) {
+	g.mu.Lock()
+	p := g.p
+	g.mu.Unlock()
+	if p == nil {
+		return nil, nil
+	}
+	return p.Registry().Gather()
+}
+
+func (g *Gatherer) set(p *Plugin) {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	g.p = p
+	g.mu.Unlock()
+}
+
 // AgentComponent runs the device plugin beside a node agent in tessera-node,
 // for the GPUs that the node's partition config puts in devicePlugin mode —
 // and only those, so that no GPU is offered both as an extended resource and
 // through DRA. When a resync moves GPUs into or out of devicePlugin mode, the
 // plugin is restarted with the new set (within recheck); while no GPU is in
-// that mode it serves nothing.
-func AgentComponent(cfg Config, recheck time.Duration) agent.Component {
+// that mode it serves nothing. metrics, if not nil, follows the plugin that
+// runs.
+func AgentComponent(cfg Config, recheck time.Duration, metrics *Gatherer) agent.Component {
 	if recheck <= 0 {
 		recheck = 5 * time.Second
 	}
@@ -38,6 +72,7 @@ func AgentComponent(cfg Config, recheck time.Duration) agent.Component {
 					return fmt.Errorf("device plugin: %w", err)
 				}
 				logger.Info("Serving GPUs through the device plugin", "indices", indices, "resources", p.ResourceNames())
+				metrics.set(p)
 				go func() { done <- p.Run(runCtx) }()
 			}
 			changed := false
@@ -62,6 +97,7 @@ func AgentComponent(cfg Config, recheck time.Duration) agent.Component {
 			}
 			ticker.Stop()
 			stop()
+			metrics.set(nil)
 			if done != nil {
 				if err := <-done; err != nil && ctx.Err() == nil {
 					return fmt.Errorf("device plugin: %w", err)

@@ -51,9 +51,10 @@ func TestAgentComponentServesOnlyDevicePluginGPUs(t *testing.T) {
 		t.Fatal(err)
 	}
 	features := slices.AllFeatures
+	gatherer := &Gatherer{}
 	a, err := agent.New(agent.Options{
 		KubeClient: client, NodeName: node, NVML: lib, ConfigPath: configPath, Features: &features,
-		Components: []agent.Component{AgentComponent(Config{PluginDir: dir}, 50*time.Millisecond)},
+		Components: []agent.Component{AgentComponent(Config{PluginDir: dir}, 50*time.Millisecond, gatherer)},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -83,6 +84,9 @@ func TestAgentComponentServesOnlyDevicePluginGPUs(t *testing.T) {
 		t.Fatalf("device plugin serves %v, want only GPU 1 (%s)", got, uuid(1))
 	}
 	waitPublished(t, ctx, client, node, []string{"gpu-0", "gpu-2"})
+	if mfs, err := gatherer.Gather(); err != nil || len(mfs) == 0 {
+		t.Errorf("the running device plugin's metrics are not gathered: %d families, %v", len(mfs), err)
+	}
 
 	// GPU 0 joins the device plugin: the agent stops publishing it and the
 	// plugin restarts with GPUs 0 and 1.
