@@ -122,6 +122,7 @@ func (s *Scheduler) cycle(ctx context.Context) {
 	// behind it.
 	admitted := 0
 	var reclaimFor *gangState
+	failedShapes := map[string]string{} // gang signature → why it did not fit
 	for len(byQueue) > 0 {
 		if ctx.Err() != nil {
 			return
@@ -138,11 +139,20 @@ func (s *Scheduler) cycle(ctx context.Context) {
 		if byQueue[bestQ] = byQueue[bestQ][1:]; len(byQueue[bestQ]) == 0 {
 			delete(byQueue, bestQ)
 		}
+		sig := s.solver.Signature(g.gang)
+		if msg, failed := failedShapes[sig]; failed {
+			// An identical gang did not fit earlier in this cycle; capacity only shrank since.
+			s.fail(g, v1alpha1.ReasonUnschedulable, msg, capGen)
+			continue
+		}
 		if s.place(ctx, snap, tree, g, capGen) {
 			admitted++
 			pending--
-		} else if reclaimFor == nil && !bestRank.Borrowing && g.reason == v1alpha1.ReasonUnschedulable {
-			reclaimFor = g
+		} else if g.reason == v1alpha1.ReasonUnschedulable {
+			failedShapes[sig] = fmt.Sprintf("same shape as gang %s, which does not fit: %s", g.key, g.message)
+			if reclaimFor == nil && !bestRank.Borrowing {
+				reclaimFor = g
+			}
 		}
 	}
 	gangsPending.Set(float64(pending))

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -176,13 +177,14 @@ func New(cfg *rest.Config, opts Options) (*Scheduler, error) {
 		s.factory.Resource().V1().DeviceClasses().Informer(),
 		s.queueInf, s.pgInf,
 	}
-	for i, inf := range s.informers {
-		// Any change may make a gang fit; deletions and updates of pods, claims, nodes
-		// and slices may bring capacity back, which also resets gang backoff.
-		capacity := i != 0 && i != 1
+	for _, inf := range s.informers {
+		// Any change may make a gang fit and triggers a cycle. Changes that may bring
+		// capacity back also end the backoff of gangs that did not fit: a pod that is deleted
+		// or finished, a claim deallocated or deleted, any node, slice, class or queue change.
+		// Claims being allocated and pods being bound (the scheduler's own commits) do not.
 		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(any) { s.kick(capacity) },
-			UpdateFunc: func(any, any) { s.kick(capacity) },
+			AddFunc:    func(obj any) { s.kick(addFreesCapacity(obj)) },
+			UpdateFunc: func(old, cur any) { s.kick(updateFreesCapacity(old, cur)) },
 			DeleteFunc: func(any) { s.kick(true) },
 		}); err != nil {
 			return nil, fmt.Errorf("add event handler: %w", err)
@@ -191,6 +193,28 @@ func New(cfg *rest.Config, opts Options) (*Scheduler, error) {
 	s.broadcaster = record.NewBroadcaster()
 	s.recorder = s.broadcaster.NewRecorder(Scheme, v1.EventSource{Component: opts.SchedulerName})
 	return s, nil
+}
+
+func addFreesCapacity(obj any) bool {
+	switch obj.(type) {
+	case *v1.Pod, *resourceapi.ResourceClaim, *v1.Namespace, *v1alpha1.PodGroup:
+		return false
+	}
+	return true
+}
+
+func updateFreesCapacity(old, cur any) bool {
+	switch o := old.(type) {
+	case *v1.Pod:
+		c := cur.(*v1.Pod)
+		return c.Status.Phase != o.Status.Phase && (c.Status.Phase == v1.PodSucceeded || c.Status.Phase == v1.PodFailed)
+	case *resourceapi.ResourceClaim:
+		c := cur.(*resourceapi.ResourceClaim)
+		return o.Status.Allocation != nil && c.Status.Allocation == nil
+	case *v1.Namespace, *v1alpha1.PodGroup:
+		return false
+	}
+	return true
 }
 
 func (s *Scheduler) kick(capacity bool) {

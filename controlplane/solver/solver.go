@@ -805,3 +805,22 @@ func (st *search) explain(plans []plan) string {
 	}
 	return b.String()
 }
+
+// Signature identifies gangs that are interchangeable for the search: the same multiset of pod
+// shapes and the same topology constraint. Within one cycle capacity only shrinks, so a gang
+// whose signature already failed fails again and need not be searched.
+func (s *Solver) Signature(g *Gang) string {
+	sigs := make([]uint64, 0, len(g.Pods))
+	for _, p := range g.Pods {
+		sigs = append(sigs, s.podSignature(p))
+	}
+	sort.Slice(sigs, func(i, j int) bool { return sigs[i] < sigs[j] })
+	var b strings.Builder
+	if g.Topology != nil {
+		fmt.Fprintf(&b, "%s/%v|", g.Topology.Key, g.Topology.Required)
+	}
+	for _, sig := range sigs {
+		fmt.Fprintf(&b, "%x,", sig)
+	}
+	return b.String()
+}

@@ -317,3 +317,20 @@ func TestBadInputIsAnError(t *testing.T) {
 	}
 	_ = context.Background()
 }
+
+func TestSignature(t *testing.T) {
+	s := New(Config{})
+	a, b := gpuGang("a", 4), gpuGang("b", 4)
+	if s.Signature(a) != s.Signature(b) {
+		t.Error("gangs of four identical one-GPU pods have different signatures")
+	}
+	b.Pods[0].Pod.Spec.NodeSelector = map[string]string{"x": "y"}
+	if s.Signature(a) == s.Signature(b) {
+		t.Error("a node selector does not change the signature")
+	}
+	c := gpuGang("c", 4)
+	c.Topology = &Topology{Key: "rack", Required: true}
+	if s.Signature(a) == s.Signature(c) {
+		t.Error("a topology constraint does not change the signature")
+	}
+}
