@@ -206,6 +206,25 @@ func TestDefaultRender(t *testing.T) {
 	if k := r.Objects[0].GetKind(); k != "ValidatingAdmissionPolicy" {
 		t.Errorf("first object is a %s, want the admission policies first", k)
 	}
+	// The roles as rendered (the API-server tests prove them with reviews).
+	node := typed(t, r, "ClusterRole", "tessera-node", &rbacv1.ClusterRole{})
+	for _, v := range []string{"get", "list", "create", "update", "patch", "delete"} {
+		if hasRule(node.Rules, "", "pods", v) {
+			t.Errorf("the node agent may %s pods", v)
+		}
+	}
+	if !hasRule(node.Rules, "resource.k8s.io", "resourceclaims", "get") || hasRule(node.Rules, "resource.k8s.io", "resourceclaims", "list") {
+		t.Error("the node agent must get claims by name and never list them")
+	}
+	sched := typed(t, r, "ClusterRole", "tessera-scheduler", &rbacv1.ClusterRole{})
+	for _, v := range []string{"update", "patch", "delete", "deletecollection"} {
+		if hasRule(sched.Rules, "", "pods", v) {
+			t.Errorf("the scheduler may %s pods", v)
+		}
+	}
+	if !hasRule(sched.Rules, "", "pods/binding", "create") || !hasRule(sched.Rules, "resource.k8s.io", "resourceclaims/binding", "update") {
+		t.Error("the scheduler must bind pods and write claim allocations")
+	}
 	typed(t, r, "ClusterRole", "tessera-queue-admin", &rbacv1.ClusterRole{})
 	if n := len(ofKind(r, "ServiceMonitor")) + len(ofKind(r, "Queue")); n != 0 {
 		t.Errorf("ServiceMonitors and example Queues are off by default, found %d", n)

@@ -1,16 +1,10 @@
 package deployments_test
 
 import (
-	"bytes"
 	"context"
-	"os/exec"
-	"path/filepath"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -20,31 +14,11 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/controlplane/fixture"
 	"github.com/tessera-gpu/tessera/test/framework"
 )
-
-// syncBuffer collects a child's output while the test reads it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // TestSchedulerBinaryRunsWithChartAccess runs the tessera-scheduler binary
 // with the chart's flags and nothing but the chart's RBAC and admission
@@ -56,7 +30,6 @@ func TestSchedulerBinaryRunsWithChartAccess(t *testing.T) {
 	c := getCluster(t)
 	ctx := context.Background()
 	ns, prefix := install(t, c, "rbac: {queueAdmin: {enabled: false}}")
-	bin := binary(t, "tessera-scheduler")
 
 	// Cluster objects the scheduler needs: the chart's DeviceClasses, a GPU
 	// node with its slice, a queue.
@@ -99,42 +72,7 @@ func TestSchedulerBinaryRunsWithChartAccess(t *testing.T) {
 		"spec":     map[string]any{"resources": map[string]any{"gpu": map[string]any{"quota": "2", "limit": "2"}}},
 	}}, "")
 
-	// The scheduler as its service account would run it.
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["c"] = &clientcmdapi.Cluster{Server: c.cp.Config.Host, CertificateAuthorityData: c.cp.Config.CAData}
-	kc.AuthInfos["sa"] = &clientcmdapi.AuthInfo{
-		Token:             c.cp.Config.BearerToken,
-		Impersonate:       "system:serviceaccount:" + ns + ":" + prefix + "-scheduler",
-		ImpersonateGroups: []string{"system:authenticated", "system:serviceaccounts", "system:serviceaccounts:" + ns},
-	}
-	kc.Contexts["c"] = &clientcmdapi.Context{Cluster: "c", AuthInfo: "sa"}
-	kc.CurrentContext = "c"
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := clientcmd.WriteToFile(*kc, kubeconfig); err != nil {
-		t.Fatal(err)
-	}
-	dep := typed(t, render(t, ns, "{fullnameOverride: "+prefix+"}"), "Deployment", "", &appsv1.Deployment{})
-	args := append(dep.Spec.Template.Spec.Containers[0].Args, "--kubeconfig="+kubeconfig, "--metrics-bind-address=127.0.0.1:0")
-	out := &syncBuffer{}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-		if t.Failed() {
-			t.Logf("tessera-scheduler output:\n%s", out.String())
-		}
-	})
+	sched := startScheduler(t, c, ns, prefix)
 
 	// A Job of two pods with one GPU each, in the queue: one gang.
 	if _, err := c.client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, &resourceapi.ResourceClaimTemplate{
@@ -168,11 +106,8 @@ func TestSchedulerBinaryRunsWithChartAccess(t *testing.T) {
 	}
 
 	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 40*time.Second, true, func(ctx context.Context) (bool, error) {
-		select {
-		case err := <-exited:
-			exited <- err
-			t.Fatalf("tessera-scheduler exited: %v\n%s", err, out.String())
-		default:
+		if err := sched.running(); err != nil {
+			return false, err
 		}
 		pods, err := c.client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 		if err != nil {
