@@ -230,6 +230,10 @@ func (c *committer) writeClaim(ctx context.Context, w *claimWrite) (*resourceapi
 // and the allocation when no consumer remains.
 func (c *committer) undo(ctx context.Context, writes []*claimWrite, bound map[*v1.Pod]bool) {
 	logger := klog.FromContext(ctx)
+	// Undo only releases what this commit wrote for pods that are not bound, which is safe
+	// even after the scheduler was told to stop; finish it rather than leave it to recovery.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
 	for _, w := range writes {
 		if bound[w.pod] {
 			continue

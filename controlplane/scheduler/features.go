@@ -65,7 +65,12 @@ func DetectFeatures(ctx context.Context, client kubernetes.Interface, namespace 
 		d := got.Spec.Devices[0]
 		f.ConsumableCapacity = d.AllowMultipleAllocations != nil
 		f.DeviceTaints = len(d.Taints) > 0
-		f.DeviceBindingAndStatus = len(d.BindingConditions) > 0
+		if len(d.BindingConditions) > 0 {
+			// The committer binds at once and does not wait for a device's binding
+			// conditions, so devices that have them are left alone (the allocator skips them
+			// with this feature off) instead of being handed out before they are ready.
+			logger.Info("Devices with binding conditions are not allocated: tessera-scheduler does not wait for them")
+		}
 	}
 
 	claim := &resourceapi.ResourceClaim{
