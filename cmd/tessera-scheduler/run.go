@@ -65,6 +65,7 @@ func run(ctx context.Context, o *options) error {
 		opts.LeaderElection = &scheduler.LeaderElection{
 			Namespace: o.leaseNamespace, Name: o.leaseName, Identity: fmt.Sprintf("%s_%d", host, os.Getpid()),
 			LeaseDuration: o.leaseDuration, RenewDeadline: o.renewDeadline, RetryPeriod: o.retryPeriod,
+			ReleaseOnCancel: true,
 		}
 	}
 	s, err := scheduler.New(cfg, opts)

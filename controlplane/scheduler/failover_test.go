@@ -111,8 +111,9 @@ func (e *env) checkClaimsOnPodNodes() {
 }
 
 // TestTwoReplicasOnlyLeaderBinds: two schedulers campaign for one Lease. Only the leader
-// places gangs; when it stops, the other takes over and places the next gang without
-// handing out a device twice.
+// places gangs; when it is killed (it does not release the Lease), the other takes over once
+// the Lease expires and places the gang submitted meanwhile, without handing out a device
+// twice.
 func TestTwoReplicasOnlyLeaderBinds(t *testing.T) {
 	e := newEnv(t)
 	e.addNode("a", 8, false, nil)
@@ -139,12 +140,16 @@ func TestTwoReplicasOnlyLeaderBinds(t *testing.T) {
 		t.Fatalf("lease holder = %v (err %v), want replica-%d", lease.Spec.HolderIdentity, err, leader)
 	}
 
+	killed := time.Now()
 	stops[leader]()
+	second := e.gang("second", q, 8, gpuClaim)
 	next := waitLeader(t, replicas, leader)
 	if next == leader {
 		t.Fatal("leadership did not move")
 	}
-	second := e.gang("second", q, 8, gpuClaim)
+	if took := time.Since(killed); took < time.Second {
+		t.Errorf("takeover after %v: the killed leader's Lease was released, not expired", took)
+	}
 	e.waitBound(second, 60*time.Second)
 	e.checkClaims()
 	e.checkClaimsOnPodNodes()

@@ -41,6 +41,9 @@ import (
 type LeaderElection struct {
 	Namespace, Name, Identity                 string
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// ReleaseOnCancel gives the Lease up when the scheduler stops, so that another replica
+	// takes over at once instead of after LeaseDuration.
+	ReleaseOnCancel bool
 }
 
 // Options configure a Scheduler.
@@ -290,7 +293,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 			LeaseDuration:   le.LeaseDuration,
 			RenewDeadline:   le.RenewDeadline,
 			RetryPeriod:     le.RetryPeriod,
-			ReleaseOnCancel: true,
+			ReleaseOnCancel: le.ReleaseOnCancel,
 			Name:            le.Name,
 			Callbacks: leaderelection.LeaderCallbacks{
 				OnStartedLeading: func(ctx context.Context) {
