@@ -131,7 +131,9 @@ func Render(opts Options) (*Rendered, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidValues, err)
 	}
-	files, err := engine.Render(chrt, renderValues)
+	// Strict: a template that reads a value the chart does not define is a
+	// bug, not an empty string.
+	files, err := engine.Engine{Strict: true}.Render(chrt, renderValues)
 	if err != nil {
 		// The chart's own checks fail with this prefix (_helpers.tpl).
 		if strings.Contains(err.Error(), "invalid values: ") {

@@ -353,6 +353,15 @@ node:
 		},
 	},
 	{
+		name:   "optional keys left out",
+		values: `{exampleQueues: {enabled: true, queues: [{name: root}]}, node: {partition: {nodes: [{nodeSelector: {matchLabels: {a: b}}}]}}}`,
+		check: func(t *testing.T, r *deployments.Rendered) {
+			if got := names(ofKind(r, "Queue")); !slices.Equal(got, []string{"root"}) {
+				t.Errorf("example Queues = %v", got)
+			}
+		},
+	},
+	{
 		name:   "scheduler only",
 		values: `{node: {enabled: false}, deviceClasses: {enabled: false}}`,
 		check: func(t *testing.T, r *deployments.Rendered) {

@@ -59,8 +59,8 @@ message. Every template includes it, so a bad combination fails the render.
 {{- $n := .Values.node -}}
 {{- if and $n.enabled (not $n.devicePlugin.enabled) -}}
 {{- $rules := list -}}
-{{- with $n.partition.default }}{{ $rules = concat $rules (default list .gpus) }}{{ end -}}
-{{- range $n.partition.nodes }}{{ $rules = concat $rules (default list .gpus) }}{{ end -}}
+{{- with $n.partition.default }}{{ $rules = concat $rules (get . "gpus" | default list) }}{{ end -}}
+{{- range $n.partition.nodes }}{{ $rules = concat $rules (get . "gpus" | default list) }}{{ end -}}
 {{- range $rules -}}
 {{- if eq .mode "devicePlugin" -}}
 {{- fail "invalid values: node.partition puts GPUs in devicePlugin mode, which needs node.devicePlugin.enabled=true (the kubelet's device-plugin directory)" -}}
