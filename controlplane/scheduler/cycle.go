@@ -379,6 +379,24 @@ func (s *Scheduler) place(ctx context.Context, snap *snapshot.Snapshot, tree *qu
 	start := time.Now()
 	res, err := s.solver.Solve(ctx, snap, g.gang)
 	solveLatency.Observe(time.Since(start).Seconds())
+	placed := g.pending
+	if solver.IsUnschedulable(err) && ctx.Err() == nil {
+		// Elastic gang: more pods than minMember. When not all fit, place just enough to
+		// reach minMember (at least one), the rest later, as capacity allows.
+		if need := max(1, int(g.pg.Spec.MinMember)-len(g.bound)); need < len(g.pending) {
+			sub := *g.gang
+			sub.Pods = append([]solver.Pod(nil), g.gang.Pods...)
+			sort.Slice(sub.Pods, func(i, j int) bool { return sub.Pods[i].Pod.Name < sub.Pods[j].Pod.Name })
+			sub.Pods = sub.Pods[:need]
+			if r, subErr := s.solver.Solve(ctx, snap, &sub); subErr == nil {
+				res, err = r, nil
+				placed = nil
+				for _, p := range sub.Pods {
+					placed = append(placed, p.Pod)
+				}
+			}
+		}
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return false
@@ -392,7 +410,7 @@ func (s *Scheduler) place(ctx context.Context, snap *snapshot.Snapshot, tree *qu
 		return false
 	}
 	usage := quota.Usage{v1alpha1.ResourceGPU: res.GPUUnits}
-	for _, p := range g.pending {
+	for _, p := range placed {
 		req := snapshot.PodRequests(p)
 		usage[v1alpha1.ResourceCPU] += req.Cpu().AsApproximateFloat64()
 		usage[v1alpha1.ResourceMemory] += req.Memory().AsApproximateFloat64()
@@ -418,8 +436,22 @@ func (s *Scheduler) place(ctx context.Context, snap *snapshot.Snapshot, tree *qu
 	s.mu.Lock()
 	delete(s.failures, g.key)
 	s.mu.Unlock()
-	g.bound = append(g.bound, g.pending...)
-	g.pending = nil
+	g.bound = append(g.bound, placed...)
+	if len(placed) == len(g.pending) {
+		g.pending = nil
+	} else {
+		isPlaced := map[types.UID]bool{}
+		for _, p := range placed {
+			isPlaced[p.UID] = true
+		}
+		var rest []*v1.Pod
+		for _, p := range g.pending {
+			if !isPlaced[p.UID] {
+				rest = append(rest, p)
+			}
+		}
+		g.pending = rest
+	}
 	g.reason, g.message = v1alpha1.ReasonScheduled, fmt.Sprintf("%d pods placed on %d nodes", len(res.Placements), countNodes(res))
 	logger.V(2).Info("Gang admitted", "podGroup", g.key, "pods", len(res.Placements), "gpuUnits", res.GPUUnits, "queue", g.pg.Spec.Queue, "domain", res.Domain, "solve", time.Since(start))
 
@@ -583,8 +615,12 @@ func (s *Scheduler) writeStatuses(ctx context.Context, gangs map[string]*gangSta
 			set(v1alpha1.PodGroupConditionQueueResolved, metav1.ConditionFalse, g.reason, g.message)
 		}
 		switch {
-		case len(g.bound) >= int(g.pg.Spec.MinMember) && len(g.pending) == 0:
-			set(v1alpha1.PodGroupConditionScheduled, metav1.ConditionTrue, v1alpha1.ReasonScheduled, fmt.Sprintf("%d of %d pods bound", len(g.bound), st.Members))
+		case len(g.bound) >= int(g.pg.Spec.MinMember):
+			msg := fmt.Sprintf("%d of %d pods bound", len(g.bound), st.Members)
+			if len(g.pending) > 0 && g.reason != v1alpha1.ReasonScheduled && g.reason != "" {
+				msg += fmt.Sprintf("; %d more wait: %s: %s", len(g.pending), g.reason, g.message)
+			}
+			set(v1alpha1.PodGroupConditionScheduled, metav1.ConditionTrue, v1alpha1.ReasonScheduled, msg)
 		case g.reason != "" && g.reason != v1alpha1.ReasonScheduled:
 			set(v1alpha1.PodGroupConditionScheduled, metav1.ConditionFalse, g.reason, g.message)
 		}

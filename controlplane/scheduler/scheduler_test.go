@@ -315,3 +315,21 @@ func TestGangStaysInOneTopologyDomain(t *testing.T) {
 		t.Fatalf("%d pods bound across racks", n)
 	}
 }
+
+// TestElasticGangPlacesWhatFits: minMember 2 of 4 pods on a node with 3 free GPUs: the gang
+// starts with the pods that fit (at least minMember) instead of waiting for all 4.
+func TestElasticGangPlacesWhatFits(t *testing.T) {
+	e := newEnv(t)
+	e.addNode("a", 3, false, nil)
+	q := e.addQueue("q", "", "", "", 1)
+	pods := e.gang("elastic", q, 4, gpuClaim, func(pg *v1alpha1.PodGroup) { pg.Spec.MinMember = 2 })
+	e.startScheduler(defaultOptions())
+	c := e.waitCondition("elastic", v1alpha1.PodGroupConditionScheduled, metav1.ConditionTrue, func(c metav1.Condition) bool {
+		return strings.HasPrefix(c.Message, "3 of 4 pods bound; 1 more wait: Unschedulable")
+	})
+	t.Logf("condition: %s", c.Message)
+	if n := e.boundCount(pods); n != 3 {
+		t.Fatalf("%d pods bound, want 3", n)
+	}
+	e.checkClaims()
+}
