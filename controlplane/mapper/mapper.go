@@ -93,6 +93,7 @@ func (m *Mapper) Map(ctx context.Context, pod *v1.Pod) Mapping {
 			APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID,
 		})
 		pg.Spec.Queue = m.queueOf(pod, nil)
+		pg.Spec.Priority = ptr.Deref(pod.Spec.Priority, 0)
 		pg.Spec.Workload = &v1alpha1.WorkloadReference{APIVersion: "v1", Kind: "Pod", Name: pod.Name}
 		return Mapping{Group: pg.Name, Desired: pg, Reason: reason, Message: msg}
 	}
@@ -101,7 +102,11 @@ func (m *Mapper) Map(ctx context.Context, pod *v1.Pod) Mapping {
 		APIVersion: wl.APIVersion, Kind: wl.Kind, Name: wl.Name, UID: wl.UID, Controller: ptr.To(false),
 	})
 	pg.Spec.Queue = m.queueOf(pod, wl.Labels)
+	// The workload's priority, else the pod's (resolved from its PriorityClass at admission).
 	pg.Spec.Priority = wl.Priority
+	if pg.Spec.Priority == 0 {
+		pg.Spec.Priority = ptr.Deref(pod.Spec.Priority, 0)
+	}
 	pg.Spec.Workload = &v1alpha1.WorkloadReference{APIVersion: wl.APIVersion, Kind: wl.Kind, Name: wl.Name}
 	return Mapping{Group: pg.Name, Desired: pg, Reason: v1alpha1.ReasonCatalog,
 		Message: fmt.Sprintf("%s %s, component %s: gang %s of %d pods", wl.Kind, wl.Name, wl.Component, wl.Gang, minMember)}

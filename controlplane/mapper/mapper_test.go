@@ -8,6 +8,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/tessera-gpu/tessera/controlplane/api/v1alpha1"
 )
@@ -20,7 +21,8 @@ type fakeResolver struct {
 func (f fakeResolver) Resolve(context.Context, *v1.Pod) (*Workload, error) { return f.wl, f.err }
 
 func pod(labels, annotations map[string]string) *v1.Pod {
-	return &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "worker-0", UID: "u1", Labels: labels, Annotations: annotations}}
+	return &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "worker-0", UID: "u1", Labels: labels, Annotations: annotations},
+		Spec: v1.PodSpec{Priority: ptr.To[int32](7)}}
 }
 
 func TestMap(t *testing.T) {
@@ -63,6 +65,9 @@ func TestMap(t *testing.T) {
 			if got.Desired != nil {
 				if got.Desired.Spec.Queue != tc.queue || got.Desired.Spec.MinMember != tc.minMember || got.Desired.Namespace != "ns" {
 					t.Fatalf("desired spec = %+v", got.Desired.Spec)
+				}
+				if got.Desired.Spec.Priority != 7 {
+					t.Fatalf("priority = %d, want the pod's 7", got.Desired.Spec.Priority)
 				}
 				if len(got.Desired.OwnerReferences) != 1 || got.Desired.Labels[ManagedByLabel] == "" {
 					t.Fatalf("desired meta = %+v", got.Desired.ObjectMeta)
