@@ -13,6 +13,7 @@ import (
 
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -116,6 +117,13 @@ func setUpCluster(t *testing.T, cp *framework.ControlPlane) (*cluster, error) {
 			return nil, fmt.Errorf("CRD %s not established: %w", crd.Name, err)
 		}
 	}
+	// The NVIDIA container toolkit's RuntimeClass, as the GPU operator
+	// creates it: pods of the chart's DaemonSet name it.
+	client := cp.Client(t)
+	rc := &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "nvidia"}, Handler: "nvidia"}
+	if _, err := client.NodeV1().RuntimeClasses().Create(ctx, rc, metav1.CreateOptions{}); err != nil {
+		return nil, fmt.Errorf("create RuntimeClass nvidia: %w", err)
+	}
 	dc, err := discovery.NewDiscoveryClientForConfig(cp.Config)
 	if err != nil {
 		return nil, err
@@ -125,7 +133,7 @@ func setUpCluster(t *testing.T, cp *framework.ControlPlane) (*cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &cluster{cp: cp, client: cp.Client(t), dyn: dyn, mapper: mapper}, nil
+	return &cluster{cp: cp, client: client, dyn: dyn, mapper: mapper}, nil
 }
 
 // resource finds where an object lives; namespaced objects without a

@@ -148,9 +148,12 @@ func TestDefaultRender(t *testing.T) {
 	if !slices.ContainsFunc(pod.Tolerations, func(tl corev1.Toleration) bool { return tl.Key == "nvidia.com/gpu" }) {
 		t.Errorf("tolerations = %v, want the nvidia.com/gpu taint tolerated", pod.Tolerations)
 	}
-	wantPaths := []string{"/", "/dev/nvidia-caps", "/run/tessera/mps", "/var/lib/kubelet/plugins/gpu.tessera.dev", "/var/lib/kubelet/plugins_registry", "/var/run/cdi"}
+	wantPaths := []string{"/dev/nvidia-caps", "/run/tessera/mps", "/var/lib/kubelet/plugins/gpu.tessera.dev", "/var/lib/kubelet/plugins_registry", "/var/run/cdi"}
 	if got := hostPaths(pod); !slices.Equal(got, wantPaths) {
 		t.Errorf("host paths = %v, want exactly %v (no device-plugin dir while it is off)", got, wantPaths)
+	}
+	if pod.RuntimeClassName == nil || *pod.RuntimeClassName != "nvidia" {
+		t.Errorf("runtimeClassName = %v, want nvidia (it brings NVML and the driver's tools)", pod.RuntimeClassName)
 	}
 	if pod.HostNetwork || pod.HostPID || pod.HostIPC {
 		t.Error("the node agent must not share host network, PID or IPC namespaces")
@@ -158,11 +161,6 @@ func TestDefaultRender(t *testing.T) {
 	c := pod.Containers[0]
 	if sc := c.SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
 		t.Errorf("node security context = %+v, want privileged (default profile) with a read-only root", c.SecurityContext)
-	}
-	for _, m := range c.VolumeMounts {
-		if m.Name == "driver-root" && !m.ReadOnly {
-			t.Error("the driver root must be mounted read-only")
-		}
 	}
 	for _, arg := range []string{"--node-name=$(NODE_NAME)", "--backend=nvml", "--config=/etc/tessera/partition.yaml"} {
 		if !slices.Contains(c.Args, arg) {
@@ -262,7 +260,7 @@ var combinations = []struct {
 		values: `node: {devicePlugin: {enabled: true, config: {resourceName: nvidia.com/gpu, migStrategy: mixed, timeSlicing: {replicas: 4, renameByDefault: true}}}, partition: {default: {gpus: [{mode: devicePlugin}]}}}`,
 		check: func(t *testing.T, r *deployments.Rendered) {
 			ds := typed(t, r, "DaemonSet", "", &appsv1.DaemonSet{})
-			wantPaths := []string{"/", "/dev/nvidia-caps", "/run/tessera/mps", "/var/lib/kubelet/device-plugins", "/var/lib/kubelet/plugins/gpu.tessera.dev", "/var/lib/kubelet/plugins_registry", "/var/run/cdi"}
+			wantPaths := []string{"/dev/nvidia-caps", "/run/tessera/mps", "/var/lib/kubelet/device-plugins", "/var/lib/kubelet/plugins/gpu.tessera.dev", "/var/lib/kubelet/plugins_registry", "/var/run/cdi"}
 			if got := hostPaths(ds.Spec.Template.Spec); !slices.Equal(got, wantPaths) {
 				t.Errorf("host paths = %v, want %v (the DRA plugin runs anyway)", got, wantPaths)
 			}
@@ -284,8 +282,8 @@ var combinations = []struct {
 		},
 	},
 	{
-		name:   "NVIDIA runtime instead of privileged",
-		values: `node: {securityProfile: nvidiaRuntime, partition: {default: {gpus: [{mode: dynamicMIG, profiles: [1g.10gb, 3g.40gb]}]}}}`,
+		name:   "restricted instead of privileged",
+		values: `node: {securityProfile: restricted, partition: {default: {gpus: [{mode: dynamicMIG, profiles: [1g.10gb, 3g.40gb]}]}}}`,
 		check: func(t *testing.T, r *deployments.Rendered) {
 			ds := typed(t, r, "DaemonSet", "", &appsv1.DaemonSet{})
 			pod := ds.Spec.Template.Spec
@@ -449,6 +447,7 @@ func TestInvalidValues(t *testing.T) {
 		{`node: {partition: {default: {gpus: [{}]}}}`, "mode"},
 		{`node: {resyncPeriod: "1 minute"}`, "/node/resyncPeriod"},
 		{`node: {securityProfile: root}`, "/node/securityProfile"},
+		{`node: {securityProfile: restricted, runtimeClassName: ""}`, "needs node.runtimeClassName"},
 		{`node: {health: {benignXIDs: [13, 13]}}`, "/node/health/benignXIDs"},
 		{`node: {health: {probeInterval: often}}`, "/node/health/probeInterval"},
 		{`scheduler: {gpuDrivers: ["Not A Driver"]}`, "/scheduler/gpuDrivers/0"},

@@ -74,8 +74,8 @@ message. Every template includes it, so a bad combination fails the render.
 {{- if and $s.enabled $s.podDisruptionBudget.enabled (ge (int $s.podDisruptionBudget.minAvailable) (int $s.replicas)) (gt (int $s.replicas) 0) -}}
 {{- fail (printf "invalid values: scheduler.podDisruptionBudget.minAvailable (%d) must be below scheduler.replicas (%d), or no node running a scheduler could ever be drained" (int $s.podDisruptionBudget.minAvailable) (int $s.replicas)) -}}
 {{- end -}}
-{{- if and (eq $n.securityProfile "nvidiaRuntime") (not $n.nvidiaRuntime.runtimeClassName) -}}
-{{- fail "invalid values: node.securityProfile=nvidiaRuntime needs node.nvidiaRuntime.runtimeClassName" -}}
+{{- if and (eq $n.securityProfile "restricted") (not $n.runtimeClassName) -}}
+{{- fail "invalid values: node.securityProfile=restricted needs node.runtimeClassName: an unprivileged container gets the GPUs only through the NVIDIA runtime" -}}
 {{- end -}}
 {{- $queues := dict -}}
 {{- range .Values.exampleQueues.queues -}}
