@@ -102,6 +102,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 	cancel()
 	<-done
 	stopSampling()
+	checkAllocated(ctx, b, kube, tns, pods)
 
 	// stock kube-scheduler
 	stockDur := runKubeScheduler(ctx, b, cp, kube, sns, pods)
@@ -271,7 +272,39 @@ leaderElection:
 		b.Fatal(err)
 	}
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
-	return waitAllBound(ctx, b, kube, ns, pods)
+	d := waitAllBound(ctx, b, kube, ns, pods)
+	checkAllocated(ctx, b, kube, ns, pods)
+	return d
+}
+
+// checkAllocated: every claim of the namespace is allocated and reserved for its pod, and no
+// device is allocated twice in the cluster.
+func checkAllocated(ctx context.Context, b *testing.B, kube kubernetes.Interface, ns string, want int) {
+	b.Helper()
+	claims, err := kube.ResourceV1().ResourceClaims("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	n := 0
+	seen := map[string]bool{}
+	for _, c := range claims.Items {
+		if c.Status.Allocation == nil {
+			continue
+		}
+		if c.Namespace == ns && len(c.Status.ReservedFor) == 1 {
+			n++
+		}
+		for _, r := range c.Status.Allocation.Devices.Results {
+			id := r.Pool + "/" + r.Device
+			if seen[id] {
+				b.Fatalf("device %s allocated twice", id)
+			}
+			seen[id] = true
+		}
+	}
+	if n != want {
+		b.Fatalf("%d claims in %s allocated and reserved, want %d", n, ns, want)
+	}
 }
 
 func installCRDs(ctx context.Context, b *testing.B, cfg *rest.Config, kube kubernetes.Interface, sc *client.Client) {
