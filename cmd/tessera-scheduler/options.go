@@ -29,6 +29,7 @@ type options struct {
 	renewDeadline  time.Duration
 	retryPeriod    time.Duration
 	probeNamespace string
+	starvation     time.Duration
 	logging        *logsapi.LoggingConfiguration
 	featureGate    featuregate.MutableVersionedFeatureGate
 }
@@ -49,6 +50,7 @@ func newOptions() *options {
 		renewDeadline:  10 * time.Second,
 		retryPeriod:    2 * time.Second,
 		probeNamespace: "default",
+		starvation:     5 * time.Minute,
 		logging:        logsapi.NewLoggingConfiguration(),
 		featureGate:    featuregate.NewFeatureGate(),
 	}
@@ -78,6 +80,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.leaseDuration, "leader-elect-lease-duration", o.leaseDuration, "Lease duration.")
 	fs.DurationVar(&o.renewDeadline, "leader-elect-renew-deadline", o.renewDeadline, "Renew deadline of the leader.")
 	fs.DurationVar(&o.retryPeriod, "leader-elect-retry-period", o.retryPeriod, "Retry period of the candidates.")
+	fs.DurationVar(&o.starvation, "starvation-timeout", o.starvation, "A gang beyond its queue's quota that has not fit for this long (and would fit the empty cluster) holds back other such gangs until it is placed; negative disables.")
 	fs.StringVar(&o.probeNamespace, "feature-probe-namespace", o.probeNamespace, "Namespace in which DRA feature detection dry-runs a ResourceClaim.")
 	logsapi.AddFlags(o.logging, fs)
 	o.featureGate.AddFlag(fs)

@@ -43,12 +43,13 @@ func run(ctx context.Context, o *options) error {
 	cfg.QPS, cfg.Burst = 500, 1000
 
 	opts := scheduler.Options{
-		SchedulerName:  o.schedulerName,
-		Solver:         solver.Config{TopologyKeys: o.topologyKeys, Spread: o.spread, MaxTries: o.maxTries},
-		ProbeNamespace: o.probeNamespace,
-		GPUDrivers:     o.gpuDrivers,
-		Period:         o.period,
-		Parallelism:    o.parallelism,
+		SchedulerName:     o.schedulerName,
+		Solver:            solver.Config{TopologyKeys: o.topologyKeys, Spread: o.spread, MaxTries: o.maxTries},
+		ProbeNamespace:    o.probeNamespace,
+		GPUDrivers:        o.gpuDrivers,
+		Period:            o.period,
+		Parallelism:       o.parallelism,
+		StarvationTimeout: o.starvation,
 	}
 	if o.catalog {
 		res, err := newCatalogResolver(ctx, cfg)

@@ -239,6 +239,11 @@ func (t *Tree) RankOf(queue string, u Usage) Rank {
 				rank.Borrowing = true
 			}
 		}
+		// A queue without a GPU quota guarantees no GPUs: every GPU it uses is borrowed.
+		// (CPU and memory count only where a quota is set.)
+		if _, ok := a.lim.quota[v1alpha1.ResourceGPU]; !ok && u[v1alpha1.ResourceGPU] > 0 {
+			rank.Borrowing = true
+		}
 	}
 	if !rank.Borrowing {
 		// Dominant share of the leaf against its quota.

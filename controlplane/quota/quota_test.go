@@ -120,3 +120,17 @@ func TestLimitInvariantRandom(t *testing.T) {
 		t.Fatalf("admitted %d gangs, root at %g: the test should fill the root close to its limit", admitted, tree.Get("root").Allocated[v1alpha1.ResourceGPU])
 	}
 }
+
+func TestNoGPUQuotaMeansBorrowing(t *testing.T) {
+	none := &v1alpha1.Queue{ObjectMeta: metav1.ObjectMeta{Name: "none"}}
+	tree := Build([]*v1alpha1.Queue{none, queue("q", "", "4", "", 1)})
+	if !tree.RankOf("none", gpus(1)).Borrowing {
+		t.Error("a GPU gang of a queue without GPU quota is not borrowing")
+	}
+	if tree.RankOf("none", Usage{v1alpha1.ResourceCPU: 2}).Borrowing {
+		t.Error("a CPU-only gang borrows from a queue without any quota")
+	}
+	if tree.RankOf("q", Usage{v1alpha1.ResourceGPU: 1, v1alpha1.ResourceCPU: 2}).Borrowing {
+		t.Error("CPU without a CPU quota made a gang within its GPU quota borrow")
+	}
+}

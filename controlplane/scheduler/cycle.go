@@ -86,6 +86,10 @@ func (s *Scheduler) cycle(ctx context.Context) {
 	s.mu.Unlock()
 	byQueue := map[string][]*gangState{}
 	pending := 0
+	in := snapshot.Input{Nodes: nodes, Pods: pods, Slices: slices, Claims: claims, Classes: classes}
+	// The borrowing gang that has waited longest beyond the starvation timeout, if any.
+	var starving *gangState
+	var starvingSince time.Time
 	for _, g := range gangs {
 		if len(g.pending) == 0 || g.pg == nil {
 			continue
@@ -98,6 +102,10 @@ func (s *Scheduler) cycle(ctx context.Context) {
 		s.mu.Lock()
 		fl := s.failures[g.key]
 		s.mu.Unlock()
+		if fl != nil && fl.reason == v1alpha1.ReasonUnschedulable && s.starving(ctx, in, g, fl) &&
+			tree.RankOf(g.pg.Spec.Queue, g.estimate).Borrowing && (starving == nil || fl.since.Before(starvingSince)) {
+			starving, starvingSince = g, fl.since
+		}
 		if fl != nil && fl.capacity == capGen && time.Since(fl.at) < fl.backoff {
 			g.reason, g.message = fl.reason, fl.message
 			continue
@@ -139,6 +147,11 @@ func (s *Scheduler) cycle(ctx context.Context) {
 		if byQueue[bestQ] = byQueue[bestQ][1:]; len(byQueue[bestQ]) == 0 {
 			delete(byQueue, bestQ)
 		}
+		if starving != nil && g != starving && bestRank.Borrowing {
+			g.reason, g.message = v1alpha1.ReasonUnschedulable, fmt.Sprintf("waits behind gang %s, which has not fit for %s and goes first among gangs beyond their quota",
+				starving.key, time.Since(starvingSince).Round(time.Second))
+			continue
+		}
 		sig := s.solver.Signature(g.gang)
 		if msg, failed := failedShapes[sig]; failed {
 			// An identical gang did not fit earlier in this cycle; capacity only shrank since.
@@ -157,7 +170,6 @@ func (s *Scheduler) cycle(ctx context.Context) {
 	}
 	gangsPending.Set(float64(pending))
 	if reclaimFor != nil {
-		in := snapshot.Input{Nodes: nodes, Pods: pods, Slices: slices, Claims: claims, Classes: classes}
 		s.reclaim(ctx, in, gangs, tree, reclaimFor)
 	}
 
@@ -481,8 +493,34 @@ func (s *Scheduler) fail(g *gangState, reason, msg string, capGen uint64) {
 	if fl == nil || fl.message != msg {
 		s.recorder.Event(g.pg, v1.EventTypeWarning, reason, msg)
 	}
-	s.failures[g.key] = &failure{message: msg, reason: reason, at: time.Now(), backoff: backoff, capacity: capGen}
+	nf := &failure{message: msg, reason: reason, at: time.Now(), backoff: backoff, capacity: capGen, since: time.Now()}
+	if fl != nil {
+		nf.since, nf.fitsEmpty = fl.since, fl.fitsEmpty
+	}
+	s.failures[g.key] = nf
 	g.reason, g.message = reason, msg
+}
+
+// starving reports whether a gang has not fit for longer than the starvation timeout and
+// would fit the cluster if it were empty (a gang that can never fit must not hold others back).
+func (s *Scheduler) starving(ctx context.Context, in snapshot.Input, g *gangState, fl *failure) bool {
+	if s.opts.StarvationTimeout < 0 || time.Since(fl.since) < s.opts.StarvationTimeout {
+		return false
+	}
+	s.mu.Lock()
+	cached := fl.fitsEmpty
+	s.mu.Unlock()
+	if cached != nil {
+		return *cached
+	}
+	empty := snapshot.New(snapshot.Input{Nodes: in.Nodes, Slices: in.Slices, Classes: in.Classes},
+		snapshot.Config{Features: s.features, GPUDrivers: s.opts.GPUDrivers, CELCache: s.celCache})
+	_, err := s.solver.Solve(ctx, empty, g.gang)
+	fits := err == nil
+	s.mu.Lock()
+	fl.fitsEmpty = &fits
+	s.mu.Unlock()
+	return fits
 }
 
 // assumedClaims are the claims of a result as the commit will write them.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -200,4 +201,38 @@ func TestFiftyGangsNeverExceedLimits(t *testing.T) {
 		t.Fatalf("limit exceeded %d times, first: %s", len(violations), violations[0])
 	}
 	t.Logf("invariant checked after %d pod events; %d gangs", checks, len(gangSize))
+}
+
+// TestStarvingGangGoesFirst: a gang of 8 waits for a full node while one-GPU gangs keep
+// arriving. Once it has waited past the starvation timeout, the small gangs are held back, so
+// the capacity that frees up goes to the large gang instead of being taken piecemeal.
+func TestStarvingGangGoesFirst(t *testing.T) {
+	e := newEnv(t)
+	e.addNode("a", 8, false, nil)
+	q := e.addQueue("q", "", "", "", 1)
+	opts := defaultOptions()
+	opts.StarvationTimeout = time.Second
+	e.startScheduler(opts)
+	blocker := e.gang("blocker", q, 4, gpuClaim)
+	e.waitBound(blocker, 60*time.Second)
+	big := e.gang("big", q, 8, gpuClaim)
+	e.waitCondition("big", v1alpha1.PodGroupConditionScheduled, metav1.ConditionFalse, nil)
+	time.Sleep(1500 * time.Millisecond) // past the starvation timeout
+	var small []*v1.Pod
+	for i := 0; i < 4; i++ {
+		small = append(small, e.gang(fmt.Sprintf("small%d", i), q, 1, gpuClaim)...)
+	}
+	c := e.waitCondition("small0", v1alpha1.PodGroupConditionScheduled, metav1.ConditionFalse, func(c metav1.Condition) bool {
+		return strings.Contains(c.Message, "waits behind gang "+e.ns+"/big")
+	})
+	t.Logf("small gang: %s", c.Message)
+	if n := e.boundCount(small); n != 0 {
+		t.Fatalf("%d small gangs took the capacity the starving gang waits for", n)
+	}
+	e.finish(blocker)
+	e.waitBound(big, 60*time.Second)
+	if n := e.boundCount(small); n != 0 {
+		t.Fatalf("%d small gangs bound on a full node", n)
+	}
+	e.checkClaims()
 }

@@ -69,6 +69,10 @@ type Options struct {
 	Hooks Hooks
 	// LeaderElection, when set, makes the scheduler schedule only while it holds the Lease.
 	LeaderElection *LeaderElection
+	// StarvationTimeout: a borrowing gang that has not fit for this long (and would fit the
+	// empty cluster) holds back other borrowing gangs until it is placed, so that small
+	// gangs cannot keep a large one out forever. Zero means 5 minutes; negative disables.
+	StarvationTimeout time.Duration
 }
 
 // Scheduler is tessera's gang scheduler.
@@ -115,6 +119,10 @@ type failure struct {
 	at       time.Time
 	backoff  time.Duration
 	capacity uint64
+	// since is when the gang first failed (without being placed in between).
+	since time.Time
+	// fitsEmpty caches whether the gang would fit an empty cluster (nil: not checked).
+	fitsEmpty *bool
 }
 
 // Scheme has the core types and the scheduling API (for Events on PodGroups).
@@ -138,6 +146,9 @@ func New(cfg *rest.Config, opts Options) (*Scheduler, error) {
 	}
 	if opts.Parallelism <= 0 {
 		opts.Parallelism = 16
+	}
+	if opts.StarvationTimeout == 0 {
+		opts.StarvationTimeout = 5 * time.Minute
 	}
 	kube, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
