@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 
 	v1 "k8s.io/api/core/v1"
@@ -47,7 +48,8 @@ func (c *CatalogResolver) Resolve(ctx context.Context, pod *v1.Pod) (*Workload, 
 	if pw.Gang == nil {
 		return wl, nil // the component is in no gang
 	}
-	wl.Gang = pw.Name + "-" + pw.Gang.Name
+	// The kind keeps two workloads of the same name (a JobSet and a PyTorchJob "train") apart.
+	wl.Gang = strings.ToLower(kind) + "-" + pw.Name + "-" + pw.Gang.Name
 	wl.MinMember = int32(pw.Gang.MinMember)
 	wl.Labels, err = c.workloadLabels(ctx, pw)
 	if err != nil {
