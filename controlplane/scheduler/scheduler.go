@@ -13,7 +13,6 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
-	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -197,8 +196,12 @@ func New(cfg *rest.Config, opts Options) (*Scheduler, error) {
 		// or finished, a claim deallocated or deleted, any node, slice, class or queue change.
 		// Claims being allocated and pods being bound (the scheduler's own commits) do not.
 		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(obj any) { s.kick(addFreesCapacity(obj)) },
-			UpdateFunc: func(old, cur any) { s.kick(updateFreesCapacity(old, cur)) },
+			AddFunc: func(obj any) { s.kick(addFreesCapacity(obj)) },
+			UpdateFunc: func(old, cur any) {
+				if relevantUpdate(old, cur) {
+					s.kick(updateFreesCapacity(old, cur))
+				}
+			},
 			DeleteFunc: func(any) { s.kick(true) },
 		}); err != nil {
 			return nil, fmt.Errorf("add event handler: %w", err)
@@ -207,28 +210,6 @@ func New(cfg *rest.Config, opts Options) (*Scheduler, error) {
 	s.broadcaster = record.NewBroadcaster()
 	s.recorder = s.broadcaster.NewRecorder(Scheme, v1.EventSource{Component: opts.SchedulerName})
 	return s, nil
-}
-
-func addFreesCapacity(obj any) bool {
-	switch obj.(type) {
-	case *v1.Pod, *resourceapi.ResourceClaim, *v1.Namespace, *v1alpha1.PodGroup:
-		return false
-	}
-	return true
-}
-
-func updateFreesCapacity(old, cur any) bool {
-	switch o := old.(type) {
-	case *v1.Pod:
-		c := cur.(*v1.Pod)
-		return c.Status.Phase != o.Status.Phase && (c.Status.Phase == v1.PodSucceeded || c.Status.Phase == v1.PodFailed)
-	case *resourceapi.ResourceClaim:
-		c := cur.(*resourceapi.ResourceClaim)
-		return o.Status.Allocation != nil && c.Status.Allocation == nil
-	case *v1.Namespace, *v1alpha1.PodGroup:
-		return false
-	}
-	return true
 }
 
 func (s *Scheduler) kick(capacity bool) {
@@ -342,16 +323,20 @@ func (s *Scheduler) lead(ctx context.Context) error {
 	timer := time.NewTicker(s.opts.Period)
 	defer timer.Stop()
 	for {
+		last := time.Now()
 		s.cycle(ctx)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-s.trigger:
-			// Let a burst of events settle into one cycle.
+			// Let a burst of events settle into one cycle, and keep cycles at least
+			// minCycleInterval apart so that a stream of events cannot keep the scheduler busy
+			// rebuilding snapshots.
+			wait := max(10*time.Millisecond, minCycleInterval-time.Since(last))
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
-			case <-time.After(10 * time.Millisecond):
+			case <-time.After(wait):
 			}
 		case <-timer.C:
 		}
