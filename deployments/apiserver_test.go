@@ -552,6 +552,7 @@ func TestRBAC(t *testing.T) {
 	leaseName := prefix + "-scheduler"
 	want := []access{
 		{"create", "", "pods/binding", other, "x", true},
+		{"create", "", "pods/eviction", other, "x", true}, // reclaim, through the Eviction API
 		{"patch", "", "pods/status", other, "x", true},
 		{"update", rs, "resourceclaims/status", other, "x", true},
 		{"update", rs, "resourceclaims/binding", other, "x", true},
@@ -566,7 +567,6 @@ func TestRBAC(t *testing.T) {
 		{"update", "", "pods", other, "x", false},
 		{"patch", "", "pods", other, "x", false},
 		{"create", "", "pods", other, "", false},
-		{"create", "", "pods/eviction", other, "x", false},
 		{"delete", rs, "resourceclaims", other, "x", false},
 		{"update", rs, "resourceslices", "", "x", false},
 		{"delete", rs, "resourceslices", "", "x", false},
