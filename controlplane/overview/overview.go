@@ -76,6 +76,8 @@ type Gang struct {
 	Members   int32  `json:"members"`
 	Scheduled int32  `json:"scheduled"`
 	Running   int32  `json:"running"`
+	Succeeded int32  `json:"succeeded,omitempty"`
+	Failed    int32  `json:"failed,omitempty"`
 	// Reason is why a pending gang waits, in the scheduler's words.
 	Reason string `json:"reason,omitempty"`
 	// Waiting is how long a pending gang has waited since it was created.
@@ -85,13 +87,14 @@ type Gang struct {
 
 // Totals summarise the cluster.
 type Totals struct {
-	GPUs         int           `json:"gpus"`
-	GPUsUsed     float64       `json:"gpusUsed"`
-	Utilisation  float64       `json:"utilisation"`
-	GangsPending int           `json:"gangsPending"`
-	GangsRunning int           `json:"gangsRunning"`
-	LongestWait  time.Duration `json:"longestWait"`
-	MeanWait     time.Duration `json:"meanWait"`
+	GPUs          int           `json:"gpus"`
+	GPUsUsed      float64       `json:"gpusUsed"`
+	Utilisation   float64       `json:"utilisation"`
+	GangsPending  int           `json:"gangsPending"`
+	GangsRunning  int           `json:"gangsRunning"`
+	GangsFinished int           `json:"gangsFinished"`
+	LongestWait   time.Duration `json:"longestWait"`
+	MeanWait      time.Duration `json:"meanWait"`
 }
 
 // Input is what Build reads.
@@ -120,11 +123,14 @@ func Build(in Input) Cluster {
 	}
 	var waitSum time.Duration
 	for _, g := range c.Gangs {
-		if g.Phase == string(v1alpha1.PodGroupPending) || g.Phase == "" {
+		switch g.Phase {
+		case string(v1alpha1.PodGroupPending):
 			c.Totals.GangsPending++
 			waitSum += g.Waiting
 			c.Totals.LongestWait = max(c.Totals.LongestWait, g.Waiting)
-		} else {
+		case string(v1alpha1.PodGroupFinished):
+			c.Totals.GangsFinished++
+		default:
 			c.Totals.GangsRunning++
 		}
 	}
@@ -352,6 +358,7 @@ func buildGangs(groups []v1alpha1.PodGroup, now time.Time) []Gang {
 		g := Gang{
 			Namespace: pg.Namespace, Name: pg.Name, Queue: pg.Spec.Queue, Phase: string(pg.Status.Phase),
 			MinMember: pg.Spec.MinMember, Members: pg.Status.Members, Scheduled: pg.Status.Scheduled, Running: pg.Status.Running,
+			Succeeded: pg.Status.Succeeded, Failed: pg.Status.Failed,
 			Age: now.Sub(pg.CreationTimestamp.Time).Round(time.Second),
 		}
 		if g.Phase == "" {
@@ -368,9 +375,18 @@ func buildGangs(groups []v1alpha1.PodGroup, now time.Time) []Gang {
 		}
 		out = append(out, g)
 	}
+	order := func(phase string) int {
+		switch phase {
+		case string(v1alpha1.PodGroupPending):
+			return 0
+		case string(v1alpha1.PodGroupFinished):
+			return 2
+		}
+		return 1
+	}
 	sort.Slice(out, func(i, j int) bool {
-		if out[i].Phase != out[j].Phase {
-			return out[i].Phase == string(v1alpha1.PodGroupPending)
+		if oi, oj := order(out[i].Phase), order(out[j].Phase); oi != oj {
+			return oi < oj
 		}
 		if out[i].Namespace != out[j].Namespace {
 			return out[i].Namespace < out[j].Namespace

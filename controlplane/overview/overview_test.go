@@ -90,6 +90,8 @@ func TestBuildCountsWholeMIGAndSharedUse(t *testing.T) {
 		PodGroups: []v1alpha1.PodGroup{
 			{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "train", CreationTimestamp: metav1.NewTime(now.Add(-5 * time.Minute))},
 				Spec: v1alpha1.PodGroupSpec{MinMember: 16, Queue: "team-a"}, Status: v1alpha1.PodGroupStatus{Phase: v1alpha1.PodGroupRunning, Members: 16, Scheduled: 16, Running: 16}},
+			{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "done", CreationTimestamp: metav1.NewTime(now.Add(-time.Hour))},
+				Spec: v1alpha1.PodGroupSpec{MinMember: 8, Queue: "team-a"}, Status: v1alpha1.PodGroupStatus{Phase: v1alpha1.PodGroupFinished, Succeeded: 7, Failed: 1}},
 			{ObjectMeta: metav1.ObjectMeta{Namespace: "b", Name: "wait", CreationTimestamp: metav1.NewTime(now.Add(-42 * time.Second))},
 				Spec: v1alpha1.PodGroupSpec{MinMember: 8, Queue: "team-b"},
 				Status: v1alpha1.PodGroupStatus{Phase: v1alpha1.PodGroupPending, Members: 8, Conditions: []metav1.Condition{
@@ -121,7 +123,10 @@ func TestBuildCountsWholeMIGAndSharedUse(t *testing.T) {
 	if c.Gangs[0].Name != "wait" || c.Gangs[0].Reason != "queue team-b would use 12 of limit 8 GPUs" || c.Gangs[0].Waiting != 42*time.Second {
 		t.Errorf("pending gang first with the scheduler's reason: %+v", c.Gangs[0])
 	}
-	if c.Totals.GangsPending != 1 || c.Totals.GangsRunning != 1 || c.Totals.LongestWait != 42*time.Second {
+	if last := c.Gangs[len(c.Gangs)-1]; last.Name != "done" {
+		t.Errorf("finished gangs are listed last, got %s last", last.Name)
+	}
+	if c.Totals.GangsPending != 1 || c.Totals.GangsRunning != 1 || c.Totals.GangsFinished != 1 || c.Totals.LongestWait != 42*time.Second {
 		t.Errorf("gang totals = %+v", c.Totals)
 	}
 
@@ -135,6 +140,8 @@ func TestBuildCountsWholeMIGAndSharedUse(t *testing.T) {
 		"gpu-1 5/8 slices: 1g.10gb×1 4g.40gb×1",
 		"  team-a ",
 		"why: queue team-b would use 12 of limit 8 GPUs",
+		"gangs: 1 running, 1 pending (longest wait 42s, mean 42s), 1 finished",
+		"Finished  a/done  queue team-a  min 8  bound 0/0  running 0  done 7 (1 failed)",
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("render lacks %q:\n%s", want, text)

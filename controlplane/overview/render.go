@@ -66,6 +66,9 @@ func Render(w io.Writer, c Cluster, st Style) {
 	if c.Totals.GangsPending > 0 {
 		fmt.Fprintf(w, " (longest wait %s, mean %s)", c.Totals.LongestWait.Round(time.Second), c.Totals.MeanWait.Round(time.Second))
 	}
+	if c.Totals.GangsFinished > 0 {
+		fmt.Fprintf(w, ", %d finished", c.Totals.GangsFinished)
+	}
 	fmt.Fprintln(w)
 
 	fmt.Fprintln(w)
@@ -139,10 +142,18 @@ func Render(w io.Writer, c Cluster, st Style) {
 		switch phase {
 		case "Pending":
 			phase = paint(ansiYellow, fmt.Sprintf("%-9s", phase))
+		case "Finished":
+			phase = paint(ansiDim, fmt.Sprintf("%-9s", phase))
 		default:
 			phase = paint(ansiGreen, fmt.Sprintf("%-9s", phase))
 		}
 		line := fmt.Sprintf("  %s %s/%s  queue %s  min %d  bound %d/%d  running %d", phase, g.Namespace, g.Name, orDash(g.Queue), g.MinMember, g.Scheduled, g.Members, g.Running)
+		if g.Succeeded+g.Failed > 0 {
+			line += fmt.Sprintf("  done %d", g.Succeeded)
+			if g.Failed > 0 {
+				line += fmt.Sprintf(" (%d failed)", g.Failed)
+			}
+		}
 		if g.Phase == "Pending" {
 			line += fmt.Sprintf("  waiting %s", g.Waiting.Round(time.Second))
 		}

@@ -33,6 +33,9 @@ type gangState struct {
 	// terminating pods still hold their devices; they are charged, not counted as members.
 	terminating []*v1.Pod
 	running     int
+	// succeeded and failed count the gang's ended pods (those this scheduler
+	// had mapped), for the phase and status only.
+	succeeded, failed int
 	// Outcome of this cycle for the Scheduled condition.
 	reason, message string
 	queueOK         bool
@@ -184,7 +187,29 @@ func (s *Scheduler) collectGangs(ctx context.Context, pods []*v1.Pod) map[string
 	gangs := map[string]*gangState{}
 	live := map[types.UID]bool{}
 	for _, p := range pods {
-		if p.Spec.SchedulerName != s.opts.SchedulerName || p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed {
+		if p.Spec.SchedulerName != s.opts.SchedulerName {
+			continue
+		}
+		if p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed {
+			// An ended pod is no member and holds nothing, but its gang's
+			// status counts it: a Job whose pods complete one by one is
+			// finishing, not waiting. Only pods mapped before are counted.
+			s.mu.Lock()
+			m, ok := s.mappings[p.UID]
+			s.mu.Unlock()
+			if !ok {
+				continue
+			}
+			live[p.UID] = true
+			key := p.Namespace + "/" + m.Group
+			if gangs[key] == nil {
+				gangs[key] = &gangState{key: key, mapping: m}
+			}
+			if p.Status.Phase == v1.PodSucceeded {
+				gangs[key].succeeded++
+			} else {
+				gangs[key].failed++
+			}
 			continue
 		}
 		if p.DeletionTimestamp != nil {
@@ -632,10 +657,13 @@ func (s *Scheduler) writeStatuses(ctx context.Context, gangs map[string]*gangSta
 		st.Members = int32(len(g.pending) + len(g.bound))
 		st.Scheduled = int32(len(g.bound))
 		st.Running = int32(g.running)
+		st.Succeeded, st.Failed = int32(g.succeeded), int32(g.failed)
 		switch {
-		case g.running >= int(g.pg.Spec.MinMember):
+		case len(g.pending) == 0 && len(g.bound) == 0 && g.succeeded+g.failed > 0:
+			st.Phase = v1alpha1.PodGroupFinished
+		case g.running+g.succeeded >= int(g.pg.Spec.MinMember):
 			st.Phase = v1alpha1.PodGroupRunning
-		case len(g.bound) >= int(g.pg.Spec.MinMember):
+		case len(g.bound)+g.succeeded >= int(g.pg.Spec.MinMember):
 			st.Phase = v1alpha1.PodGroupScheduled
 		default:
 			st.Phase = v1alpha1.PodGroupPending

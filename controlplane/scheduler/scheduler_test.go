@@ -333,3 +333,43 @@ func TestElasticGangPlacesWhatFits(t *testing.T) {
 	}
 	e.checkClaims()
 }
+
+// A gang whose pods complete one by one stays Running (completed pods count
+// toward minMember) and ends Finished, with the counts in its status, instead
+// of falling back to Pending as its members disappear.
+func TestFinishingGangIsRunningThenFinished(t *testing.T) {
+	e := newEnv(t)
+	e.addNode("a", 8, false, nil)
+	q := e.addQueue("q", "", "", "", 1)
+	pods := e.gang("g4", q, 4, gpuClaim)
+	e.startScheduler(defaultOptions())
+	e.waitBound(pods, 60*time.Second)
+	e.markRunning()
+	waitPhase := func(want v1alpha1.PodGroupPhase, check func(v1alpha1.PodGroupStatus) bool) v1alpha1.PodGroupStatus {
+		t.Helper()
+		var st v1alpha1.PodGroupStatus
+		err := wait.PollUntilContextTimeout(e.ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			pg, err := e.sc.PodGroups(e.ns).Get(ctx, "g4")
+			if err != nil {
+				return false, nil
+			}
+			st = pg.Status
+			return st.Phase == want && (check == nil || check(st)), nil
+		})
+		if err != nil {
+			t.Fatalf("PodGroup g4 never reached %s: status %+v", want, st)
+		}
+		return st
+	}
+	waitPhase(v1alpha1.PodGroupRunning, func(st v1alpha1.PodGroupStatus) bool { return st.Running == 4 })
+	e.finish(pods[:2])
+	st := waitPhase(v1alpha1.PodGroupRunning, func(st v1alpha1.PodGroupStatus) bool { return st.Succeeded == 2 })
+	if st.Running != 2 || st.Members != 2 {
+		t.Errorf("with 2 of 4 pods done: status %+v, want 2 running members and 2 succeeded", st)
+	}
+	e.finish(pods[2:])
+	st = waitPhase(v1alpha1.PodGroupFinished, nil)
+	if st.Succeeded != 4 || st.Failed != 0 || st.Members != 0 {
+		t.Errorf("finished gang status %+v, want 4 succeeded", st)
+	}
+}

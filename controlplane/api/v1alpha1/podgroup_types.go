@@ -137,6 +137,9 @@ const (
 	PodGroupPending   PodGroupPhase = "Pending"
 	PodGroupScheduled PodGroupPhase = "Scheduled"
 	PodGroupRunning   PodGroupPhase = "Running"
+	// PodGroupFinished: every pod of the gang that the scheduler placed has
+	// ended (succeeded or failed) and none waits.
+	PodGroupFinished PodGroupPhase = "Finished"
 )
 
 // PodGroupStatus says where the gang stands and, while it waits, why, in numbers.
@@ -152,6 +155,14 @@ type PodGroupStatus struct {
 	// Running is how many pods of the gang run.
 	// +optional
 	Running int32 `json:"running,omitempty"`
+	// Succeeded is how many pods of the gang have completed successfully.
+	// They count toward minMember for the phase: a gang whose pods finish one
+	// by one is still Running, not Pending.
+	// +optional
+	Succeeded int32 `json:"succeeded,omitempty"`
+	// Failed is how many pods of the gang have failed.
+	// +optional
+	Failed int32 `json:"failed,omitempty"`
 	// Conditions: Scheduled, QueueResolved, Mapped.
 	// +optional
 	// +listType=map
