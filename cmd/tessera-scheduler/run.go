@@ -9,17 +9,12 @@ import (
 	"os"
 	"time"
 
-	"k8s.io/client-go/discovery"
-	"k8s.io/client-go/discovery/cached/memory"
-	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/restmapper"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/component-base/metrics/legacyregistry"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/catalog"
-	"github.com/tessera-gpu/tessera/catalog/resolver"
 	"github.com/tessera-gpu/tessera/controlplane/mapper"
 	"github.com/tessera-gpu/tessera/controlplane/scheduler"
 	"github.com/tessera-gpu/tessera/controlplane/solver"
@@ -98,27 +93,7 @@ func newCatalogResolver(ctx context.Context, cfg *rest.Config) (*mapper.CatalogR
 	if err != nil {
 		return nil, fmt.Errorf("catalog: %w", err)
 	}
-	r, err := resolver.NewForConfig(ctx, cat, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("catalog resolver: %w", err)
-	}
-	r.Start(ctx)
-	if !r.WaitForCacheSync(ctx) {
-		return nil, fmt.Errorf("catalog resolver caches did not sync: %w", ctx.Err())
-	}
-	md, err := metadata.NewForConfig(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("metadata client: %w", err)
-	}
-	disc, err := discovery.NewDiscoveryClientForConfig(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("discovery client: %w", err)
-	}
-	return &mapper.CatalogResolver{
-		Resolver: r,
-		Metadata: md,
-		Mapper:   restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disc)),
-	}, nil
+	return mapper.NewCatalogResolver(ctx, cat, cfg)
 }
 
 func serveMetrics(ctx context.Context, addr string) (*http.Server, error) {

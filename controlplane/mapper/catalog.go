@@ -11,14 +11,47 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/metadata"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/restmapper"
 
+	"github.com/tessera-gpu/tessera/catalog"
 	"github.com/tessera-gpu/tessera/catalog/resolver"
 )
 
 // ErrRetry marks a resolution that may succeed later (an owner not in the cache yet): the pod
 // is skipped this cycle instead of falling back to a one-pod gang.
 var ErrRetry = errors.New("retry later")
+
+// NewCatalogResolver starts the catalog's informer-backed pod resolver for cat
+// against the cluster of cfg, waits for its caches, and adapts it to the
+// mapper. Stop it with Resolver.Shutdown.
+func NewCatalogResolver(ctx context.Context, cat *catalog.Catalog, cfg *rest.Config) (*CatalogResolver, error) {
+	r, err := resolver.NewForConfig(ctx, cat, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("catalog resolver: %w", err)
+	}
+	md, err := metadata.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("metadata client: %w", err)
+	}
+	disc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("discovery client: %w", err)
+	}
+	r.Start(ctx)
+	if !r.WaitForCacheSync(ctx) {
+		r.Shutdown()
+		return nil, fmt.Errorf("catalog resolver caches did not sync: %w", ctx.Err())
+	}
+	return &CatalogResolver{
+		Resolver: r,
+		Metadata: md,
+		Mapper:   restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disc)),
+	}, nil
+}
 
 // CatalogResolver adapts the catalog's pod resolver to the mapper. The catalog does not
 // return the workload's labels, so they are read once per workload through the metadata

@@ -5,11 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"k8s.io/client-go/discovery"
-	"k8s.io/client-go/discovery/cached/memory"
-	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/restmapper"
 
 	"github.com/tessera-gpu/tessera/catalog"
 	"github.com/tessera-gpu/tessera/catalog/resolver"
@@ -32,39 +28,19 @@ func startScheduler(ctx context.Context, cfg *rest.Config) (*runningScheduler, e
 		return nil, fmt.Errorf("built-in catalog: %w", err)
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	rs := &runningScheduler{cancel: cancel, done: make(chan error, 1)}
-	res, err := resolver.NewForConfig(ctx, cat, cfg)
+	res, err := mapper.NewCatalogResolver(ctx, cat, cfg)
 	if err != nil {
 		cancel()
-		return nil, fmt.Errorf("catalog resolver: %w", err)
+		return nil, err
 	}
-	rs.res = res
-	meta, err := metadata.NewForConfig(cfg)
+	sched, err := scheduler.New(cfg, scheduler.Options{Resolver: res})
 	if err != nil {
 		cancel()
-		return nil, fmt.Errorf("metadata client: %w", err)
-	}
-	disc, err := discovery.NewDiscoveryClientForConfig(cfg)
-	if err != nil {
-		cancel()
-		return nil, fmt.Errorf("discovery client: %w", err)
-	}
-	restMapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disc))
-	res.Start(ctx)
-	if !res.WaitForCacheSync(ctx) {
-		cancel()
-		res.Shutdown()
-		return nil, fmt.Errorf("catalog resolver caches did not sync: %w", ctx.Err())
-	}
-	rs.sched, err = scheduler.New(cfg, scheduler.Options{
-		Resolver: &mapper.CatalogResolver{Resolver: res, Metadata: meta, Mapper: restMapper},
-	})
-	if err != nil {
-		cancel()
-		res.Shutdown()
+		res.Resolver.Shutdown()
 		return nil, fmt.Errorf("scheduler: %w", err)
 	}
-	go func() { rs.done <- rs.sched.Run(ctx) }()
+	rs := &runningScheduler{sched: sched, res: res.Resolver, cancel: cancel, done: make(chan error, 1)}
+	go func() { rs.done <- sched.Run(ctx) }()
 	return rs, nil
 }
 
