@@ -17,7 +17,6 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -89,32 +88,13 @@ func setUpCluster(t *testing.T, cp *framework.ControlPlane) (*cluster, error) {
 		}
 		crds = append(crds, objs...)
 	}
-	ext, err := apiextensionsclient.NewForConfig(cp.Config)
-	if err != nil {
-		return nil, err
-	}
 	for _, u := range crds {
 		crd := &apiextensionsv1.CustomResourceDefinition{}
 		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, crd); err != nil {
 			return nil, fmt.Errorf("CRD %s: %w", u.GetName(), err)
 		}
-		if _, err := ext.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, crd, metav1.CreateOptions{}); err != nil {
-			return nil, fmt.Errorf("install CRD %s: %w", crd.Name, err)
-		}
-		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-			got, err := ext.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, crd.Name, metav1.GetOptions{})
-			if err != nil {
-				return false, err
-			}
-			for _, c := range got.Status.Conditions {
-				if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
-					return true, nil
-				}
-			}
-			return false, nil
-		})
-		if err != nil {
-			return nil, fmt.Errorf("CRD %s not established: %w", crd.Name, err)
+		if err := cp.InstallCRD(ctx, crd); err != nil {
+			return nil, err
 		}
 	}
 	// The NVIDIA container toolkit's RuntimeClass, as the GPU operator

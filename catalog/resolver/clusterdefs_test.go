@@ -74,8 +74,8 @@ func waitAccepted(t *testing.T, dc dynamic.Interface, name, want string) string 
 // conflicts until the first is deleted.
 func TestClusterDefinitions(t *testing.T) {
 	cp := framework.Shared(t)
-	installCRDs(t, cp.Config)
-	applyCRD(t, cp.Config, filepath.Join("..", "..", "deployments", "crds", "catalog.tessera.dev_workloaddefinitions.yaml"))
+	installCRDs(t, cp)
+	applyCRD(t, cp, filepath.Join("..", "..", "deployments", "crds", "catalog.tessera.dev_workloaddefinitions.yaml"))
 	ns := cp.CreateNamespace(t)
 	client := cp.Client(t)
 	dc, err := dynamic.NewForConfig(cp.Config)

@@ -12,9 +12,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	apiextclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -22,7 +19,6 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-gpu/tessera/catalog"
 	"github.com/tessera-gpu/tessera/test/framework"
@@ -34,62 +30,19 @@ const testdata = "../../test/testdata"
 
 // installCRDs creates the minimal CRDs of test/testdata/crds and waits until
 // they are established.
-func installCRDs(t *testing.T, cfg *rest.Config) {
+func installCRDs(t *testing.T, cp *framework.ControlPlane) {
 	t.Helper()
-	ctx := context.Background()
-	ac, err := apiextclient.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
 	files, _ := filepath.Glob(filepath.Join(testdata, "crds", "*.yaml"))
-	for _, f := range files {
-		applyCRDWith(ctx, t, ac, f)
+	if err := cp.InstallCRDFiles(context.Background(), files...); err != nil {
+		t.Fatal(err)
 	}
 }
 
 // applyCRD creates the CRDs of one file and waits until they are established.
-func applyCRD(t *testing.T, cfg *rest.Config, f string) {
+func applyCRD(t *testing.T, cp *framework.ControlPlane, f string) {
 	t.Helper()
-	ac, err := apiextclient.NewForConfig(cfg)
-	if err != nil {
+	if err := cp.InstallCRDFiles(context.Background(), f); err != nil {
 		t.Fatal(err)
-	}
-	applyCRDWith(context.Background(), t, ac, f)
-}
-
-func applyCRDWith(ctx context.Context, t *testing.T, ac apiextclient.Interface, f string) {
-	t.Helper()
-	data, err := os.ReadFile(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	docs, err := catalog.SplitDocuments(data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, doc := range docs {
-		var crd apiextensionsv1.CustomResourceDefinition
-		if err := yaml.UnmarshalStrict(doc, &crd); err != nil {
-			t.Fatalf("%s: %v", f, err)
-		}
-		if _, err := ac.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, &crd, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			t.Fatalf("create CRD %s: %v", crd.Name, err)
-		}
-		err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-			got, err := ac.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, crd.Name, metav1.GetOptions{})
-			if err != nil {
-				return false, err
-			}
-			for _, c := range got.Status.Conditions {
-				if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
-					return true, nil
-				}
-			}
-			return false, nil
-		})
-		if err != nil {
-			t.Fatalf("CRD %s not established: %v", crd.Name, err)
-		}
 	}
 }
 
@@ -154,7 +107,7 @@ func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { r
 // resolving issues no API request, and the fallbacks.
 func TestResolveOnAPIServer(t *testing.T) {
 	cp := framework.Shared(t)
-	installCRDs(t, cp.Config)
+	installCRDs(t, cp)
 	ns := cp.CreateNamespace(t)
 	client := cp.Client(t)
 	dc, err := dynamic.NewForConfig(cp.Config)

@@ -7,17 +7,11 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	apiextclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-gpu/tessera/catalog"
@@ -28,44 +22,10 @@ import (
 // that do not call framework.Shared never start it.
 func TestMain(m *testing.M) { os.Exit(framework.Run(m)) }
 
-func applyCRDFile(t *testing.T, cfg *rest.Config, file string) {
+func applyCRDFile(t *testing.T, cp *framework.ControlPlane, file string) {
 	t.Helper()
-	ctx := context.Background()
-	ac, err := apiextclient.NewForConfig(cfg)
-	if err != nil {
+	if err := cp.InstallCRDFiles(context.Background(), file); err != nil {
 		t.Fatal(err)
-	}
-	data, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	docs, err := catalog.SplitDocuments(data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, doc := range docs {
-		var crd apiextensionsv1.CustomResourceDefinition
-		if err := yaml.Unmarshal(doc, &crd); err != nil || crd.Name == "" {
-			continue
-		}
-		if _, err := ac.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, &crd, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			t.Fatalf("CRD %s: %v", crd.Name, err)
-		}
-		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-			got, err := ac.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, crd.Name, metav1.GetOptions{})
-			if err != nil {
-				return false, err
-			}
-			for _, c := range got.Status.Conditions {
-				if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
-					return true, nil
-				}
-			}
-			return false, nil
-		})
-		if err != nil {
-			t.Fatalf("CRD %s not established: %v", crd.Name, err)
-		}
 	}
 }
 
@@ -74,9 +34,9 @@ func applyCRDFile(t *testing.T, cfg *rest.Config, file string) {
 // CRD from deployments/crds), and checks `tessera catalog coverage`.
 func TestMapLiveAndCoverage(t *testing.T) {
 	cp := framework.Shared(t)
-	applyCRDFile(t, cp.Config, filepath.Join("..", "..", "deployments", "crds", "catalog.tessera.dev_workloaddefinitions.yaml"))
-	applyCRDFile(t, cp.Config, filepath.Join(testdata, "crds", "kubeflow.org_pytorchjobs.yaml"))
-	applyCRDFile(t, cp.Config, filepath.Join(testdata, "crds", "grove.io_podcliquesets.yaml"))
+	applyCRDFile(t, cp, filepath.Join("..", "..", "deployments", "crds", "catalog.tessera.dev_workloaddefinitions.yaml"))
+	applyCRDFile(t, cp, filepath.Join(testdata, "crds", "kubeflow.org_pytorchjobs.yaml"))
+	applyCRDFile(t, cp, filepath.Join(testdata, "crds", "grove.io_podcliquesets.yaml"))
 	ns := cp.CreateNamespace(t)
 	ctx := context.Background()
 	dc, err := dynamic.NewForConfig(cp.Config)

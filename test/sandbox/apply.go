@@ -8,20 +8,19 @@ import (
 	"io"
 	"io/fs"
 	"sort"
-	"time"
 
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/util/wait"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
+
+	"github.com/tessera-gpu/tessera/test/framework"
 )
 
 // applier applies YAML manifests with server-side apply, as `kubectl apply
@@ -123,20 +122,8 @@ func (a *applier) apply(ctx context.Context, obj *unstructured.Unstructured) err
 }
 
 func (a *applier) waitEstablished(ctx context.Context, name string) error {
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		crd, err := a.ext.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		for _, c := range crd.Status.Conditions {
-			if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
-				return true, nil
-			}
-		}
-		return false, nil
-	})
-	if err != nil {
-		return fmt.Errorf("CRD %s not established: %w", name, err)
+	if err := framework.WaitCRDEstablished(ctx, a.ext, name); err != nil {
+		return err
 	}
 	a.mapper.Reset()
 	return nil
