@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/utils/ptr"
 
+	"github.com/tessera-gpu/tessera/catalog"
 	v1alpha1 "github.com/tessera-gpu/tessera/controlplane/api/v1alpha1"
 )
 
@@ -86,7 +87,10 @@ func (m *Mapper) Map(ctx context.Context, pod *v1.Pod) Mapping {
 		if wl != nil {
 			reason, msg = v1alpha1.ReasonCatalog, fmt.Sprintf("%s %s: component %s is in no gang; the pod is a gang of one", wl.Kind, wl.Name, wl.Component)
 		}
-		if resolveErr != nil {
+		switch {
+		case errors.Is(resolveErr, catalog.ErrNoComponent):
+			reason, msg = v1alpha1.ReasonNoComponent, fmt.Sprintf("%v; the pod is a gang of one", resolveErr)
+		case resolveErr != nil:
 			reason, msg = v1alpha1.ReasonCatalogUnavailable, fmt.Sprintf("catalog could not resolve the pod (%v); the pod is a gang of one", resolveErr)
 		}
 		pg := m.podGroup(pod, groupName("pod-"+pod.Name), 1, nil, metav1.OwnerReference{

@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/tessera-gpu/tessera/catalog"
 	v1alpha1 "github.com/tessera-gpu/tessera/controlplane/api/v1alpha1"
 )
 
@@ -49,6 +50,8 @@ func TestMap(t *testing.T) {
 			group: "pod-worker-0", queue: "", reason: v1alpha1.ReasonUnknownWorkload, minMember: 1, desired: true},
 		{name: "catalog error falls back with the reason", m: Mapper{Resolver: fakeResolver{err: errors.New("jq failed")}}, pod: pod(nil, nil),
 			group: "pod-worker-0", reason: v1alpha1.ReasonCatalogUnavailable, minMember: 1, desired: true},
+		{name: "no component matches: its own reason", m: Mapper{Resolver: fakeResolver{err: fmt.Errorf("PyTorchJob a/train: %w", catalog.ErrNoComponent)}}, pod: pod(nil, nil),
+			group: "pod-worker-0", reason: v1alpha1.ReasonNoComponent, minMember: 1, desired: true},
 		{name: "owner not cached yet: retry", m: Mapper{Resolver: fakeResolver{err: fmt.Errorf("%w: x", ErrRetry)}}, pod: pod(nil, nil), retry: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

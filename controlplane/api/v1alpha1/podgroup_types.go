@@ -44,6 +44,10 @@ const (
 	ReasonManual             = "Manual"
 	ReasonUnknownWorkload    = "UnknownWorkload"
 	ReasonCatalogUnavailable = "CatalogUnavailable"
+	// ReasonNoComponent: the catalog knows the pod's workload, but no
+	// component's pod selector matches the pod (labels the operator did not
+	// set, or a definition that does not fit this operator version).
+	ReasonNoComponent = "NoComponent"
 )
 
 // TopologyMode says whether a gang must or should stay in one topology domain.
