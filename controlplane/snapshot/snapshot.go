@@ -58,6 +58,9 @@ type NodeInfo struct {
 	Allocated structured.AllocatedState
 	// GPUTotal is the node's capacity in GPU units; GPUUsed what allocated claims hold of it.
 	GPUTotal, GPUUsed float64
+
+	// plainGPUs are the whole-GPU devices that consume no shared counters.
+	plainGPUs []structured.DeviceID
 }
 
 // GPUFree is the node's free capacity in GPU units.
@@ -65,6 +68,20 @@ func (n *NodeInfo) GPUFree() float64 { return n.GPUTotal - n.GPUUsed }
 
 // Name is the node's name.
 func (n *NodeInfo) Name() string { return n.Node.Name }
+
+// PlainGPUsFree counts the node's free whole GPUs that are not partitionable:
+// whole-GPU devices of a GPU driver that consume no shared counters (the whole
+// device of a dynamic-MIG GPU does) and that no claim holds. Placing a
+// whole-GPU pod on such a GPU strands no MIG capacity.
+func (n *NodeInfo) PlainGPUsFree() int {
+	free := 0
+	for _, id := range n.plainGPUs {
+		if !n.Allocated.AllocatedDevices.Has(id) {
+			free++
+		}
+	}
+	return free
+}
 
 type poolKey struct{ driver, pool string }
 
@@ -147,8 +164,11 @@ func New(in Input, cfg Config) *Snapshot {
 				continue
 			}
 			for i := range slice.Spec.Devices {
-				if isWholeGPU(&slice.Spec.Devices[i]) {
+				if d := &slice.Spec.Devices[i]; isWholeGPU(d) {
 					ni.GPUTotal++
+					if len(d.ConsumesCounters) == 0 {
+						ni.plainGPUs = append(ni.plainGPUs, structured.MakeDeviceID(slice.Spec.Driver, slice.Spec.Pool.Name, d.Name))
+					}
 				}
 			}
 		}

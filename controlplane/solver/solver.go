@@ -134,6 +134,7 @@ func (s *Solver) Solve(ctx context.Context, snap *snapshot.Snapshot, gang *Gang)
 		return &Result{}, nil
 	}
 	st := s.newSearch(ctx, snap, gang)
+	st.preferPlain = st.preferPlainGPUs()
 	plans := st.domainPlans()
 	var lastErr error
 	for _, plan := range plans {
@@ -203,6 +204,10 @@ type search struct {
 	failReason map[string]int // reasons for the pod at bestDepth
 	failPod    string
 	budgetHit  bool
+	// plainFree is, per node index, its free non-partitionable whole GPUs;
+	// preferPlain orders nodes that have some first (see preferPlainGPUs).
+	plainFree   map[int]int
+	preferPlain bool
 }
 
 func (s *Solver) newSearch(ctx context.Context, snap *snapshot.Snapshot, gang *Gang) *search {
@@ -370,8 +375,45 @@ func (st *search) domainPlans() []plan {
 	return plans
 }
 
+// preferPlainGPUs decides whether bin-packing should try nodes with free plain
+// (non-partitionable) GPUs before the others. Bin-packing alone puts a
+// whole-GPU pod on the fullest node, which may be one whose free GPUs are all
+// dynamic-MIG GPUs: taking them whole strands their MIG capacity while plain
+// GPUs sit idle elsewhere. The preference applies only when the gang's hardest
+// pod fits on the node with the most free plain GPUs (one allocator probe,
+// undone at once), so that gangs asking for MIG devices are not sent through
+// every plain node first.
+func (st *search) preferPlainGPUs() bool {
+	if st.s.cfg.Spread || len(st.order) == 0 {
+		return false
+	}
+	st.plainFree = map[int]int{}
+	best, bestFree := -1, 0
+	for ni, n := range st.snap.Nodes {
+		free := n.PlainGPUsFree()
+		st.plainFree[ni] = free
+		if free > bestFree {
+			best, bestFree = ni, free
+		}
+	}
+	if best < 0 {
+		return false
+	}
+	// The probe must leave no trace in the search's failure bookkeeping: a
+	// failure here is not the gang's.
+	depth, reasons, pod := st.bestDepth, st.failReason, st.failPod
+	pi := st.order[0]
+	ok, err := st.tryPlace(pi, best, 0)
+	if ok {
+		st.undo(pi)
+	}
+	st.bestDepth, st.failReason, st.failPod = depth, reasons, pod
+	return ok && err == nil
+}
+
 // sortNodes orders candidate nodes: nodes without free GPU units last; bin-packing puts the
-// fullest first, spreading the emptiest.
+// fullest first, spreading the emptiest. For gangs that can use plain GPUs, bin-packing
+// first tries nodes that have free plain GPUs (see preferPlainGPUs).
 func (st *search) sortNodes(subset []int) []int {
 	if subset == nil {
 		subset = make([]int, len(st.snap.Nodes))
@@ -388,6 +430,11 @@ func (st *search) sortNodes(subset []int) []int {
 		fa, fb := na.GPUFree(), nb.GPUFree()
 		if (fa <= 0) != (fb <= 0) {
 			return fa > 0
+		}
+		if st.preferPlain {
+			if pa, pb := st.plainFree[subset[a]] > 0, st.plainFree[subset[b]] > 0; pa != pb {
+				return pa
+			}
 		}
 		if fa != fb {
 			if spread {

@@ -334,3 +334,50 @@ func TestSignature(t *testing.T) {
 		t.Error("a topology constraint does not change the signature")
 	}
 }
+
+// Bin-packing prefers the fullest node, but a whole-GPU gang must not take the
+// whole device of dynamic-MIG GPUs (stranding their MIG capacity) while plain
+// GPUs are free elsewhere; a MIG gang still goes to the MIG node.
+func TestWholeGPUGangPrefersPlainGPUsOverPartitionable(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	c := &cluster{}
+	c.node("mig", 4, true, nil)
+	c.node("plain", 8, false, nil)
+	// The MIG node is the fuller one: a 1g device in use on its GPU 0.
+	c.in.Claims = append(c.in.Claims, fixture.AllocatedClaim("other", "serving", "mig", fixture.MIGDeviceName(0, "1g.10gb", 0)))
+	snap := c.snapshot()
+
+	res, err := New(Config{}).Solve(ctx, snap, gpuGang("train", 2))
+	if err != nil {
+		t.Fatalf("Solve whole-GPU gang: %v", err)
+	}
+	if got := nodesOf(res); got["plain"] != 2 {
+		t.Errorf("whole-GPU gang placed %v, want both pods on the plain node", got)
+	}
+	checkNoDoubleAllocation(t, snap, res)
+
+	mig := &Gang{Name: "ns/serve"}
+	for i := range 2 {
+		claim := fixture.MIGClaim("ns", fmt.Sprintf("serve-%d-mig", i), "1g.10gb")
+		mig.Pods = append(mig.Pods, Pod{Pod: fixture.Pod("ns", fmt.Sprintf("serve-%d", i), claim.Name), Claims: []*resourceapi.ResourceClaim{claim}})
+	}
+	res, err = New(Config{}).Solve(ctx, snap, mig)
+	if err != nil {
+		t.Fatalf("Solve MIG gang: %v", err)
+	}
+	if got := nodesOf(res); got["mig"] != 2 {
+		t.Errorf("MIG gang placed %v, want both pods on the MIG node", got)
+	}
+
+	// Without plain GPUs anywhere the gang still places, on the MIG GPUs.
+	c2 := &cluster{}
+	c2.node("mig", 4, true, nil)
+	snap2 := c2.snapshot()
+	res, err = New(Config{}).Solve(ctx, snap2, gpuGang("train", 2))
+	if err != nil {
+		t.Fatalf("Solve on partitionable GPUs only: %v", err)
+	}
+	if got := nodesOf(res); got["mig"] != 2 {
+		t.Errorf("placed %v, want the MIG node", got)
+	}
+}
