@@ -202,13 +202,7 @@ func TestPrepareRunCompleteUnprepare(t *testing.T) {
 	plugin := &recordingPlugin{prepared: map[types.UID]int{}, unprepared: map[types.UID]int{}}
 	k := startNode(t, ctx, client, node, plugin)
 
-	claim := allocatedClaim(t, ctx, client, ns, "train-0-gpu", node)
-	pod, err := client.CoreV1().Pods(ns).Create(ctx, podWithClaim(ns, "train-0", claim.Name, nil), metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	reserve(t, ctx, client, claim, node, pod)
-	bind(t, ctx, client, pod, node)
+	pod, claim := runOnNode(t, ctx, client, ns, node, "train-0", "train-0-gpu")
 
 	running := waitPhase(t, ctx, client, pod, corev1.PodRunning)
 	if running.Status.StartTime == nil || len(running.Status.ContainerStatuses) != 1 || running.Status.ContainerStatuses[0].State.Running == nil {
@@ -221,7 +215,7 @@ func TestPrepareRunCompleteUnprepare(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitPhase(t, ctx, client, pod, corev1.PodSucceeded)
-	err = Wait(ctx, 10*time.Second, func(context.Context) (bool, error) {
+	err := Wait(ctx, 10*time.Second, func(context.Context) (bool, error) {
 		_, u := plugin.counts(claim.UID)
 		return u == 1, nil
 	})
@@ -253,31 +247,19 @@ func TestPluginErrorFailsPodAndDeletionUnprepares(t *testing.T) {
 	plugin := &recordingPlugin{prepared: map[types.UID]int{}, unprepared: map[types.UID]int{}, failClaim: "bad-gpu"}
 	startNode(t, ctx, client, node, plugin)
 
-	bad := allocatedClaim(t, ctx, client, ns, "bad-gpu", node)
-	badPod, err := client.CoreV1().Pods(ns).Create(ctx, podWithClaim(ns, "bad", bad.Name, nil), metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	reserve(t, ctx, client, bad, node, badPod)
-	bind(t, ctx, client, badPod, node)
+	badPod, _ := runOnNode(t, ctx, client, ns, node, "bad", "bad-gpu")
 	failed := waitPhase(t, ctx, client, badPod, corev1.PodFailed)
-	if want := "device gpu-0 is broken"; !contains(failed.Status.Message, want) {
+	if want := "device gpu-0 is broken"; !strings.Contains(failed.Status.Message, want) {
 		t.Errorf("failed pod message %q does not carry the plugin's error %q", failed.Status.Message, want)
 	}
 
-	good := allocatedClaim(t, ctx, client, ns, "good-gpu", node)
-	goodPod, err := client.CoreV1().Pods(ns).Create(ctx, podWithClaim(ns, "forever", good.Name, nil), metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	reserve(t, ctx, client, good, node, goodPod)
-	bind(t, ctx, client, goodPod, node)
+	goodPod, good := runOnNode(t, ctx, client, ns, node, "forever", "good-gpu")
 	waitPhase(t, ctx, client, goodPod, corev1.PodRunning)
 	if err := client.CoreV1().Pods(ns).Delete(ctx, goodPod.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	// A graceful deletion completes only when the kubelet confirms it.
-	err = Wait(ctx, 30*time.Second, func(ctx context.Context) (bool, error) {
+	err := Wait(ctx, 30*time.Second, func(ctx context.Context) (bool, error) {
 		_, err := client.CoreV1().Pods(ns).Get(ctx, goodPod.Name, metav1.GetOptions{})
 		return apierrors.IsNotFound(err), nil
 	})
@@ -289,4 +271,16 @@ func TestPluginErrorFailsPodAndDeletionUnprepares(t *testing.T) {
 	}
 }
 
-func contains(s, sub string) bool { return strings.Contains(s, sub) }
+// runOnNode creates a pod with an allocated claim, reserves the claim for it
+// and binds it to node, as a scheduler would.
+func runOnNode(t *testing.T, ctx context.Context, client kubernetes.Interface, ns, node, podName, claimName string) (*corev1.Pod, *resourceapi.ResourceClaim) {
+	t.Helper()
+	claim := allocatedClaim(t, ctx, client, ns, claimName, node)
+	pod, err := client.CoreV1().Pods(ns).Create(ctx, podWithClaim(ns, podName, claim.Name, nil), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reserve(t, ctx, client, claim, node, pod)
+	bind(t, ctx, client, pod, node)
+	return pod, claim
+}
