@@ -5,13 +5,15 @@ import (
 
 	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/tessera-gpu/tessera/contract"
 )
 
 // GPUResourceNames are the extended resources counted as whole GPUs.
 var GPUResourceNames = []string{"nvidia.com/gpu", "tessera.dev/gpu"}
 
 // WholeGPUDeviceClasses are the DeviceClasses whose devices are whole GPUs.
-var WholeGPUDeviceClasses = map[string]bool{"gpu.tessera.dev": true, "gpu.nvidia.com": true}
+var WholeGPUDeviceClasses = map[string]bool{contract.ClassGPU: true, "gpu.nvidia.com": true}
 
 // ClaimLookup resolves the ResourceClaims and ResourceClaimTemplates that pods
 // name, so that DRA GPU requests are counted. Either method may report false.

@@ -21,6 +21,8 @@ import (
 	"github.com/tessera-gpu/tessera/nodeagent/nvmlbackend"
 	"github.com/tessera-gpu/tessera/nodeagent/partition"
 	"github.com/tessera-gpu/tessera/nodeagent/slices"
+
+	"github.com/tessera-gpu/tessera/contract"
 )
 
 type classes map[string]*resourceapi.DeviceClass
@@ -80,7 +82,7 @@ node:
 		out = append(out, &resourceapi.ResourceSlice{
 			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", nodeName, i)},
 			Spec: resourceapi.ResourceSliceSpec{
-				Driver:         slices.DriverName,
+				Driver:         contract.DriverName,
 				NodeName:       ptr.To(nodeName),
 				Pool:           resourceapi.ResourcePool{Name: nodeName, ResourceSliceCount: int64(len(res.Pool.Slices))},
 				Devices:        s.Devices,

@@ -18,10 +18,12 @@ import (
 	"github.com/tessera-gpu/tessera/draplugin/executor"
 	"github.com/tessera-gpu/tessera/nodeagent/discovery"
 	"github.com/tessera-gpu/tessera/nodeagent/health"
+
+	"github.com/tessera-gpu/tessera/contract"
 )
 
 // DriverName is the DRA driver the plugin serves.
-const DriverName = "gpu.tessera.dev"
+const DriverName = contract.DriverName
 
 // Default directories.
 const (

@@ -9,6 +9,8 @@ import (
 	"github.com/spf13/pflag"
 	"k8s.io/component-base/featuregate"
 	logsapi "k8s.io/component-base/logs/api/v1"
+
+	"github.com/tessera-gpu/tessera/contract"
 )
 
 type options struct {
@@ -40,7 +42,7 @@ func newOptions() *options {
 		maxTries:       50000,
 		period:         time.Second,
 		parallelism:    16,
-		gpuDrivers:     []string{"gpu.tessera.dev"},
+		gpuDrivers:     []string{contract.DriverName},
 		catalog:        true,
 		metricsAddress: ":8080",
 		leaderElect:    true,

@@ -14,12 +14,13 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/tessera-gpu/tessera/contract"
 	"github.com/tessera-gpu/tessera/controlplane/api/v1alpha1"
 	"github.com/tessera-gpu/tessera/nodeagent/devicename"
 )
 
 // Driver is the DRA driver whose devices the overview counts.
-const Driver = "gpu.tessera.dev"
+const Driver = contract.DriverName
 
 // Cluster is the overview at one moment.
 type Cluster struct {
@@ -172,6 +173,14 @@ func buildNodes(slices []resourceapi.ResourceSlice, claims []resourceapi.Resourc
 		}
 		return g
 	}
+	var own []*resourceapi.ResourceSlice
+	for i := range slices {
+		if slices[i].Spec.Driver == Driver {
+			own = append(own, &slices[i])
+		}
+	}
+	// What each device costs in GPU units: the same function the scheduler charges quota with.
+	costs := contract.Costs(own)
 	counterSlices := map[string]int{} // counter set name → number of memory-slice counters
 	for i := range slices {
 		s := &slices[i]
@@ -180,7 +189,7 @@ func buildNodes(slices []resourceapi.ResourceSlice, claims []resourceapi.Resourc
 		}
 		for _, cs := range s.Spec.SharedCounters {
 			for name := range cs.Counters {
-				if strings.HasPrefix(name, "memory-slice-") {
+				if contract.IsMemorySliceCounter(name) {
 					counterSlices[s.Spec.Pool.Name+"/"+cs.Name]++
 				}
 			}
@@ -204,10 +213,10 @@ func buildNodes(slices []resourceapi.ResourceSlice, claims []resourceapi.Resourc
 			if len(d.Taints) > 0 {
 				g.tainted = true
 			}
-			if p := d.Attributes["productName"].StringValue; p != nil {
-				g.product = *p
+			if p := contract.StringAttr(&d, contract.AttrProductName); p != "" {
+				g.product = p
 			}
-			mem := d.Capacity["memory"].Value
+			mem := d.Capacity[contract.CapMemory].Value
 			switch name.Kind {
 			case devicename.KindGPU:
 				g.memory = mem.Value()
@@ -220,7 +229,7 @@ func buildNodes(slices []resourceapi.ResourceSlice, claims []resourceapi.Resourc
 				for _, cc := range d.ConsumesCounters {
 					g.slices = max(g.slices, counterSlices[s.Spec.Pool.Name+"/"+cc.CounterSet])
 					for counter := range cc.Counters {
-						if strings.HasPrefix(counter, "memory-slice-") {
+						if contract.IsMemorySliceCounter(counter) {
 							n++
 						}
 					}
@@ -247,22 +256,16 @@ func buildNodes(slices []resourceapi.ResourceSlice, claims []resourceapi.Resourc
 				continue
 			}
 			g.claims[cl.Namespace+"/"+cl.Name] = true
+			g.usedUnits += costs[contract.DeviceRef{Driver: r.Driver, Pool: r.Pool, Device: r.Device}].Result(&r)
 			switch name.Kind {
 			case devicename.KindGPU:
 				g.whole = true
-				g.usedUnits = 1
 			case devicename.KindMIG:
 				g.migUsed[name.Profile]++
 				g.sliceUsed += g.deviceSlice[r.Device]
-				if g.slices > 0 {
-					g.usedUnits += float64(g.deviceSlice[r.Device]) / float64(g.slices)
-				}
 			case devicename.KindShared:
-				if q, ok := r.ConsumedCapacity["memory"]; ok {
+				if q, ok := r.ConsumedCapacity[contract.CapMemory]; ok {
 					g.sharedUsed += q.Value()
-					if g.memory > 0 {
-						g.usedUnits += float64(q.Value()) / float64(g.memory)
-					}
 				}
 			}
 		}

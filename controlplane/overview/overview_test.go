@@ -9,8 +9,10 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
+	"github.com/tessera-gpu/tessera/contract"
 	"github.com/tessera-gpu/tessera/controlplane/api/v1alpha1"
 	"github.com/tessera-gpu/tessera/nodeagent/devicename"
 )
@@ -35,7 +37,10 @@ func testSlice(node string) resourceapi.ResourceSlice {
 		}
 		return []resourceapi.DeviceCounterConsumption{{CounterSet: "gpu-1-counters", Counters: c}}
 	}
-	product := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"productName": str("NVIDIA H100 80GB HBM3")}
+	attrs := func(typ contract.DeviceType) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
+		return map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{contract.AttrProductName: str("NVIDIA H100 80GB HBM3"), contract.AttrType: str(string(typ))}
+	}
+	product, mig := attrs(contract.TypeGPU), attrs(contract.TypeMIG)
 	return resourceapi.ResourceSlice{
 		ObjectMeta: metav1.ObjectMeta{Name: node + "-slice"},
 		Spec: resourceapi.ResourceSliceSpec{
@@ -44,10 +49,10 @@ func testSlice(node string) resourceapi.ResourceSlice {
 			Devices: []resourceapi.Device{
 				{Name: devicename.GPU(0), Attributes: product, Capacity: memCap("80Gi")},
 				{Name: devicename.GPU(1), Attributes: product, Capacity: memCap("80Gi"), ConsumesCounters: uses(0, 8)},
-				{Name: devicename.MIG(1, "1g.10gb", 0), Capacity: memCap("10Gi"), ConsumesCounters: uses(0, 1)},
-				{Name: devicename.MIG(1, "1g.10gb", 1), Capacity: memCap("10Gi"), ConsumesCounters: uses(1, 1)},
-				{Name: devicename.MIG(1, "4g.40gb", 4), Capacity: memCap("40Gi"), ConsumesCounters: uses(4, 4)},
-				{Name: devicename.Shared(2), Attributes: product, Capacity: memCap("80Gi"),
+				{Name: devicename.MIG(1, "1g.10gb", 0), Attributes: mig, Capacity: memCap("10Gi"), ConsumesCounters: uses(0, 1)},
+				{Name: devicename.MIG(1, "1g.10gb", 1), Attributes: mig, Capacity: memCap("10Gi"), ConsumesCounters: uses(1, 1)},
+				{Name: devicename.MIG(1, "4g.40gb", 4), Attributes: mig, Capacity: memCap("40Gi"), ConsumesCounters: uses(4, 4)},
+				{Name: devicename.Shared(2), Attributes: attrs(contract.TypeShared), Capacity: memCap("80Gi"), AllowMultipleAllocations: ptr.To(true),
 					Taints: []resourceapi.DeviceTaint{{Key: "gpu.tessera.dev/xid", Effect: resourceapi.DeviceTaintEffectNoSchedule}}},
 			},
 		},
@@ -71,6 +76,7 @@ func TestBuildCountsWholeMIGAndSharedUse(t *testing.T) {
 	now := time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
 	shared := result("n1", devicename.Shared(2))
 	shared.ConsumedCapacity = map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse("20Gi")}
+	shared.ShareID = ptr.To(types.UID("share-1"))
 	in := Input{
 		Now:    now,
 		Slices: []resourceapi.ResourceSlice{testSlice("n1"), testSlice("n2")},

@@ -15,7 +15,7 @@ import (
 	v1alpha1 "github.com/tessera-gpu/tessera/controlplane/api/v1alpha1"
 )
 
-// Resources accounted for, in the units of DESIGN §6: GPU units, CPU cores, memory bytes.
+// Resources accounted for: GPU units (contract.DeviceUnits), CPU cores, memory bytes.
 var Resources = []string{v1alpha1.ResourceGPU, v1alpha1.ResourceCPU, v1alpha1.ResourceMemory}
 
 // Usage is an amount per resource.

@@ -11,16 +11,17 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/sets"
 	resourcehelper "k8s.io/component-helpers/resource"
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/utils/ptr"
+
+	"github.com/tessera-gpu/tessera/contract"
 )
 
 // DefaultGPUDriver is the DRA driver whose devices count as GPUs.
-const DefaultGPUDriver = "gpu.tessera.dev"
+const DefaultGPUDriver = contract.DriverName
 
 // Config says how to interpret the cluster.
 type Config struct {
@@ -86,12 +87,10 @@ func (n *NodeInfo) PlainGPUsFree() int {
 type poolKey struct{ driver, pool string }
 
 type deviceInfo struct {
-	// units is what an exclusive allocation of the device costs in GPU units (0 for devices of
-	// drivers that are not GPU drivers).
-	units float64
-	// memory is the device's memory capacity, for fractions of shared devices.
-	memory *resource.Quantity
-	node   string
+	// cost is what allocations of the device cost in GPU units (zero for devices of drivers
+	// that are not GPU drivers).
+	cost contract.Cost
+	node string
 }
 
 // Snapshot is immutable apart from Assume, which the solver's caller uses to carry a placed
@@ -164,7 +163,7 @@ func New(in Input, cfg Config) *Snapshot {
 				continue
 			}
 			for i := range slice.Spec.Devices {
-				if d := &slice.Spec.Devices[i]; isWholeGPU(d) {
+				if d := &slice.Spec.Devices[i]; contract.TypeOf(d) == contract.TypeGPU {
 					ni.GPUTotal++
 					if len(d.ConsumesCounters) == 0 {
 						ni.plainGPUs = append(ni.plainGPUs, structured.MakeDeviceID(slice.Spec.Driver, slice.Spec.Pool.Name, d.Name))
@@ -212,101 +211,18 @@ func (s *Snapshot) Claim(namespace, name string) *resourceapi.ResourceClaim {
 }
 
 func (s *Snapshot) indexDevices(node string, slices []*resourceapi.ResourceSlice) {
-	// Whole GPUs first, so that MIG devices without counters can find their parent's memory.
-	gpuMemory := map[string]*resource.Quantity{} // uuid -> memory
-	for _, slice := range slices {
-		for i := range slice.Spec.Devices {
-			d := &slice.Spec.Devices[i]
-			if isWholeGPU(d) {
-				if uuid := stringAttr(d, "uuid"); uuid != "" {
-					gpuMemory[uuid] = capacity(d, "memory")
-				}
-			}
-		}
-	}
-	// Counter sets are per pool and usually live in their own slice (a slice has either
-	// devices or shared counters).
-	counters := map[poolKey]map[string]map[string]resource.Quantity{}
-	for _, slice := range slices {
-		pk := poolKey{slice.Spec.Driver, slice.Spec.Pool.Name}
-		for _, cs := range slice.Spec.SharedCounters {
-			if counters[pk] == nil {
-				counters[pk] = map[string]map[string]resource.Quantity{}
-			}
-			m := map[string]resource.Quantity{}
-			for name, c := range cs.Counters {
-				m[name] = c.Value
-			}
-			counters[pk][cs.Name] = m
-		}
-	}
+	costs := contract.Costs(slices)
 	for _, slice := range slices {
 		gpu := s.gpuDrv.Has(slice.Spec.Driver)
-		poolCounters := counters[poolKey{slice.Spec.Driver, slice.Spec.Pool.Name}]
 		for i := range slice.Spec.Devices {
 			d := &slice.Spec.Devices[i]
-			info := &deviceInfo{node: node, memory: capacity(d, "memory")}
+			info := &deviceInfo{node: node}
 			if gpu {
-				info.units = deviceUnits(d, poolCounters, gpuMemory)
+				info.cost = costs[contract.DeviceRef{Driver: slice.Spec.Driver, Pool: slice.Spec.Pool.Name, Device: d.Name}]
 			}
 			s.devices[structured.MakeDeviceID(slice.Spec.Driver, slice.Spec.Pool.Name, d.Name)] = info
 		}
 	}
-}
-
-// deviceUnits is what an exclusive allocation of a GPU-driver device costs: a whole GPU is 1; a
-// MIG device its memory slices over the GPU's (from the partitionable-device counters it
-// consumes), or for a static MIG device without counters its memory over its parent's.
-func deviceUnits(d *resourceapi.Device, sets map[string]map[string]resource.Quantity, gpuMemory map[string]*resource.Quantity) float64 {
-	if isWholeGPU(d) {
-		return 1
-	}
-	// Memory decides the share of a MIG device (DESIGN §6): the memory counters it consumes
-	// over all memory counters of its GPU's counter set. This covers one counter holding the
-	// number of memory slices as well as one counter of 1 per memory slice (as the node agent
-	// publishes them, so that overlapping placements exclude each other). Without memory
-	// counters the largest share of any counter is used.
-	var memUsed, memTotal, best float64
-	for _, cc := range d.ConsumesCounters {
-		total := sets[cc.CounterSet]
-		for name, c := range cc.Counters {
-			t, ok := total[name]
-			if !ok || t.IsZero() {
-				continue
-			}
-			if isMemoryCounter(name) {
-				memUsed += c.Value.AsApproximateFloat64()
-				continue
-			}
-			best = max(best, c.Value.AsApproximateFloat64()/t.AsApproximateFloat64())
-		}
-		if memUsed > 0 {
-			for name, t := range total {
-				if isMemoryCounter(name) {
-					memTotal += t.AsApproximateFloat64()
-				}
-			}
-			return memUsed / memTotal
-		}
-	}
-	if best > 0 {
-		return best
-	}
-	if parent := stringAttr(d, "parentUUID"); parent != "" {
-		if pm, mem := gpuMemory[parent], capacity(d, "memory"); pm != nil && mem != nil && !pm.IsZero() {
-			return mem.AsApproximateFloat64() / pm.AsApproximateFloat64()
-		}
-	}
-	return 0
-}
-
-func isMemoryCounter(name string) bool {
-	for i := 0; i+6 <= len(name); i++ {
-		if name[i:i+6] == "memory" || name[i:i+6] == "Memory" {
-			return true
-		}
-	}
-	return false
 }
 
 // ResultUnits is the GPU units one device allocation result costs. A share of a device with
@@ -319,17 +235,7 @@ func (s *Snapshot) ResultUnits(r *resourceapi.DeviceRequestAllocationResult) flo
 	if !ok {
 		return 0
 	}
-	if r.ShareID != nil {
-		if mem, ok := r.ConsumedCapacity["memory"]; ok && info.memory != nil && !info.memory.IsZero() {
-			whole := 1.0
-			if info.units > 0 {
-				whole = info.units
-			}
-			return whole * mem.AsApproximateFloat64() / info.memory.AsApproximateFloat64()
-		}
-		return 0
-	}
-	return info.units
+	return info.cost.Result(r)
 }
 
 // AllocationUnits sums ResultUnits over an allocation.
@@ -443,34 +349,6 @@ func addList(dst, src v1.ResourceList) {
 		cur.Add(q)
 		dst[name] = cur
 	}
-}
-
-// isWholeGPU: a device whose "type" attribute is "gpu". Devices without a type attribute
-// are whole GPUs too when they are not MIG (no parentUUID), so that slices of other
-// GPU drivers count.
-func isWholeGPU(d *resourceapi.Device) bool {
-	switch stringAttr(d, "type") {
-	case "gpu":
-		return true
-	case "":
-		return stringAttr(d, "parentUUID") == "" && len(d.ConsumesCounters) == 0 && !ptr.Deref(d.AllowMultipleAllocations, false)
-	}
-	return false
-}
-
-func stringAttr(d *resourceapi.Device, name resourceapi.QualifiedName) string {
-	if a, ok := d.Attributes[name]; ok && a.StringValue != nil {
-		return *a.StringValue
-	}
-	return ""
-}
-
-func capacity(d *resourceapi.Device, name resourceapi.QualifiedName) *resource.Quantity {
-	if c, ok := d.Capacity[name]; ok {
-		q := c.Value
-		return &q
-	}
-	return nil
 }
 
 type classLister struct {

@@ -20,14 +20,16 @@ import (
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 	"tags.cncf.io/container-device-interface/pkg/parser"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/tessera-gpu/tessera/contract"
 )
 
 const (
 	// Vendor and Class make the CDI kind k8s.gpu.tessera.dev/claim.
-	Vendor = "k8s.gpu.tessera.dev"
+	Vendor = "k8s." + contract.DriverName
 	Class  = "claim"
 	// ClaimAnnotation holds the claim's record (JSON) in each spec.
-	ClaimAnnotation = "gpu.tessera.dev/claim"
+	ClaimAnnotation = contract.DriverName + "/claim"
 
 	// DefaultDir is where container runtimes look for generated specs.
 	DefaultDir = cdiapi.DefaultDynamicDir

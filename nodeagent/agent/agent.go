@@ -31,6 +31,8 @@ import (
 	"github.com/tessera-gpu/tessera/nodeagent/health"
 	"github.com/tessera-gpu/tessera/nodeagent/partition"
 	"github.com/tessera-gpu/tessera/nodeagent/slices"
+
+	"github.com/tessera-gpu/tessera/contract"
 )
 
 // Component is something that runs beside the agent for as long as it runs
@@ -229,7 +231,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	healthCh := a.health.Subscribe(ctx)
 
 	controller, err := resourceslice.StartController(ctx, resourceslice.Options{
-		DriverName:   slices.DriverName,
+		DriverName:   contract.DriverName,
 		KubeClient:   a.opts.KubeClient,
 		Owner:        &resourceslice.Owner{APIVersion: "v1", Kind: "Node", Name: nodeObj.Name, UID: nodeObj.UID},
 		ErrorHandler: a.handlePublishError,
@@ -435,9 +437,9 @@ func (a *Agent) publish(ctx context.Context, controller *resourceslice.Controlle
 		a.event(v1.EventTypeWarning, "DRAFeatureMissing", "%s", d)
 	}
 	controller.Update(&resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{a.opts.NodeName: res.Pool}})
-	devicesPublished.WithLabelValues(a.opts.NodeName, slices.TypeGPU).Set(float64(res.Counts.Whole))
-	devicesPublished.WithLabelValues(a.opts.NodeName, slices.TypeMIG).Set(float64(res.Counts.MIG))
-	devicesPublished.WithLabelValues(a.opts.NodeName, slices.TypeShared).Set(float64(res.Counts.Shared))
+	devicesPublished.WithLabelValues(a.opts.NodeName, string(contract.TypeGPU)).Set(float64(res.Counts.Whole))
+	devicesPublished.WithLabelValues(a.opts.NodeName, string(contract.TypeMIG)).Set(float64(res.Counts.MIG))
+	devicesPublished.WithLabelValues(a.opts.NodeName, string(contract.TypeShared)).Set(float64(res.Counts.Shared))
 	slicesPublished.WithLabelValues(a.opts.NodeName).Set(float64(len(res.Pool.Slices)))
 	logger.V(2).Info("Published", "slices", len(res.Pool.Slices), "whole", res.Counts.Whole, "mig", res.Counts.MIG, "shared", res.Counts.Shared)
 	a.ready.Store(true)

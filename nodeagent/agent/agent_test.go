@@ -24,8 +24,9 @@ import (
 	"github.com/tessera-gpu/tessera/nodeagent/devicename"
 	"github.com/tessera-gpu/tessera/nodeagent/health"
 	"github.com/tessera-gpu/tessera/nodeagent/nvmlbackend"
-	"github.com/tessera-gpu/tessera/nodeagent/slices"
 	"github.com/tessera-gpu/tessera/test/framework"
+
+	"github.com/tessera-gpu/tessera/contract"
 )
 
 // mixedConfig offers GPU 0 shared, GPU 1 whole and every other GPU as
@@ -55,10 +56,10 @@ func TestPublishEveryMock(t *testing.T) {
 			for i := 2; i < n; i++ {
 				wantMIG += nvmlPlacements(t, ra.lib, i)
 			}
-			want := map[string]int{slices.TypeGPU: n - 1, slices.TypeMIG: wantMIG, slices.TypeShared: 1}
+			want := map[string]int{string(contract.TypeGPU): n - 1, string(contract.TypeMIG): wantMIG, string(contract.TypeShared): 1}
 			pool := waitPool(t, client, ra.node.Name, "every device", func(s []resourceapi.ResourceSlice) bool {
 				c := countTypes(s)
-				return c[slices.TypeGPU] == want[slices.TypeGPU] && c[slices.TypeMIG] == want[slices.TypeMIG] && c[slices.TypeShared] == want[slices.TypeShared]
+				return c[string(contract.TypeGPU)] == want[string(contract.TypeGPU)] && c[string(contract.TypeMIG)] == want[string(contract.TypeMIG)] && c[string(contract.TypeShared)] == want[string(contract.TypeShared)]
 			})
 			// The API server accepted every slice; each is within the
 			// limits, owned by the Node, and names are unique DNS labels.
@@ -123,7 +124,7 @@ default:
 	ra := startAgent(t, client, "mock:dgxh100?gpus=2", cfg, nil)
 	waitPool(t, client, ra.node.Name, "the shared and MIG devices", func(s []resourceapi.ResourceSlice) bool {
 		c := countTypes(s)
-		return c[slices.TypeShared] == 1 && c[slices.TypeMIG] > 0
+		return c[string(contract.TypeShared)] == 1 && c[string(contract.TypeMIG)] > 0
 	})
 	ctx := context.Background()
 	migGPU, _ := ra.lib.DeviceGetHandleByIndex(1)
@@ -283,7 +284,7 @@ default:
 	})
 	mock := ra.lib.(*nvmlbackend.Mock)
 	gpus := mock.GPUs()
-	waitPool(t, client, ra.node.Name, "the first publish", func(s []resourceapi.ResourceSlice) bool { return countTypes(s)[slices.TypeMIG] > 0 })
+	waitPool(t, client, ra.node.Name, "the first publish", func(s []resourceapi.ResourceSlice) bool { return countTypes(s)[string(contract.TypeMIG)] > 0 })
 	// Wait until the monitor has registered its event set.
 	if err := wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
 		return mock.InjectXID(gpus[1].UUID, 43) == nil, nil
@@ -330,7 +331,7 @@ default:
 		t.Fatal(err)
 	}
 	s := waitPool(t, client, ra.node.Name, "the XID taint", func(s []resourceapi.ResourceSlice) bool {
-		return allTainted(s, gpus[0].UUID, slices.TaintKeyXID, "48", resourceapi.DeviceTaintEffectNoSchedule)
+		return allTainted(s, gpus[0].UUID, contract.TaintKeyXID, "48", resourceapi.DeviceTaintEffectNoSchedule)
 	})
 	if got := taintsOf(s)[gpus[1].UUID]; len(got) != 0 {
 		t.Fatalf("GPU 1 got taints %v from a benign XID", got)
@@ -347,7 +348,7 @@ default:
 		t.Fatal(err)
 	}
 	s = waitPool(t, client, ra.node.Name, "the gpu-lost taint", func(s []resourceapi.ResourceSlice) bool {
-		return allTainted(s, gpus[1].UUID, slices.TaintKeyLost, "", resourceapi.DeviceTaintEffectNoExecute)
+		return allTainted(s, gpus[1].UUID, contract.TaintKeyLost, "", resourceapi.DeviceTaintEffectNoExecute)
 	})
 	if got := taintsOf(s)[gpus[0].UUID]; len(got) != 0 {
 		t.Fatalf("GPU 0 got taints %v when GPU 1 was lost", got)
@@ -374,9 +375,9 @@ default:
     - profile: 1g.10gb
 `
 	ra := startAgent(t, client, "mock:dgxh100?gpus=1", cfg, nil)
-	s := waitPool(t, client, ra.node.Name, "the static MIG devices", func(s []resourceapi.ResourceSlice) bool { return countTypes(s)[slices.TypeMIG] == 3 })
+	s := waitPool(t, client, ra.node.Name, "the static MIG devices", func(s []resourceapi.ResourceSlice) bool { return countTypes(s)[string(contract.TypeMIG)] == 3 })
 	for _, d := range devices(s) {
-		if deviceType(d) != slices.TypeMIG {
+		if deviceType(d) != string(contract.TypeMIG) {
 			t.Errorf("unexpected device %s of type %s", d.Name, deviceType(d))
 			continue
 		}
@@ -482,9 +483,9 @@ func TestDegradesWithoutPartitionableDevices(t *testing.T) {
 	ra := startAgent(t, client, "mock:dgxh100?gpus=3", mixedConfig, nil)
 	// Every GPU is offered whole: dynamic MIG and shared need the missing features.
 	s := waitPool(t, client, ra.node.Name, "whole GPUs only", func(s []resourceapi.ResourceSlice) bool {
-		return countTypes(s)[slices.TypeGPU] == 3
+		return countTypes(s)[string(contract.TypeGPU)] == 3
 	})
-	if c := countTypes(s); c[slices.TypeMIG] != 0 || c[slices.TypeShared] != 0 {
+	if c := countTypes(s); c[string(contract.TypeMIG)] != 0 || c[string(contract.TypeShared)] != 0 {
 		t.Fatalf("devices by type %v on a cluster without partitionable devices", c)
 	}
 	if f := ra.Features(); f.PartitionableDevices || f.ConsumableCapacity || !f.DeviceTaints {
@@ -545,7 +546,7 @@ nodes:
 		o.ConfigPath = path
 		o.ResyncPeriod = 200 * time.Millisecond
 	})
-	waitPool(t, client, ra.node.Name, "whole GPUs", func(s []resourceapi.ResourceSlice) bool { return countTypes(s)[slices.TypeGPU] == 2 })
+	waitPool(t, client, ra.node.Name, "whole GPUs", func(s []resourceapi.ResourceSlice) bool { return countTypes(s)[string(contract.TypeGPU)] == 2 })
 
 	// A node label selects another entry.
 	setLabel := func(v string) {
@@ -560,7 +561,7 @@ nodes:
 		}
 	}
 	setLabel("shared")
-	waitPool(t, client, ra.node.Name, "shared GPUs", func(s []resourceapi.ResourceSlice) bool { return countTypes(s)[slices.TypeShared] == 2 })
+	waitPool(t, client, ra.node.Name, "shared GPUs", func(s []resourceapi.ResourceSlice) bool { return countTypes(s)[string(contract.TypeShared)] == 2 })
 
 	// The file changes: the shared entry now offers GPU 1 as dynamic MIG.
 	write(`
@@ -572,7 +573,7 @@ nodes:
 `)
 	waitPool(t, client, ra.node.Name, "shared + dynamic MIG", func(s []resourceapi.ResourceSlice) bool {
 		c := countTypes(s)
-		return c[slices.TypeShared] == 1 && c[slices.TypeMIG] == nvmlPlacements(t, ra.lib, 1)
+		return c[string(contract.TypeShared)] == 1 && c[string(contract.TypeMIG)] == nvmlPlacements(t, ra.lib, 1)
 	})
 
 	// An invalid file keeps the last good config and says so on the Node.

@@ -12,6 +12,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/nodeagent/slices"
+
+	"github.com/tessera-gpu/tessera/contract"
 )
 
 // DetectFeatures asks the API server, with dry-run creates that store
@@ -27,7 +29,7 @@ func DetectFeatures(ctx context.Context, client kubernetes.Interface, nodeName s
 	counters := &resourceapi.ResourceSlice{
 		ObjectMeta: metav1.ObjectMeta{GenerateName: "tessera-feature-probe-"},
 		Spec: resourceapi.ResourceSliceSpec{
-			Driver:         slices.DriverName,
+			Driver:         contract.DriverName,
 			NodeName:       ptr.To(nodeName),
 			Pool:           resourceapi.ResourcePool{Name: "tessera-feature-probe-" + nodeName, ResourceSliceCount: 2},
 			SharedCounters: []resourceapi.CounterSet{{Name: "probe", Counters: map[string]resourceapi.Counter{"c": one}}},
@@ -45,7 +47,7 @@ func DetectFeatures(ctx context.Context, client kubernetes.Interface, nodeName s
 	devices := &resourceapi.ResourceSlice{
 		ObjectMeta: metav1.ObjectMeta{GenerateName: "tessera-feature-probe-"},
 		Spec: resourceapi.ResourceSliceSpec{
-			Driver:   slices.DriverName,
+			Driver:   contract.DriverName,
 			NodeName: ptr.To(nodeName),
 			Pool:     resourceapi.ResourcePool{Name: "tessera-feature-probe-" + nodeName, ResourceSliceCount: 2},
 			Devices: []resourceapi.Device{{
@@ -54,7 +56,7 @@ func DetectFeatures(ctx context.Context, client kubernetes.Interface, nodeName s
 				Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
 					"memory": {Value: resource.MustParse("1Gi"), RequestPolicy: &resourceapi.CapacityRequestPolicy{Default: ptr.To(resource.MustParse("1Gi"))}},
 				},
-				Taints: []resourceapi.DeviceTaint{{Key: slices.TaintKeyXID, Value: "0", Effect: resourceapi.DeviceTaintEffectNoSchedule}},
+				Taints: []resourceapi.DeviceTaint{{Key: contract.TaintKeyXID, Value: "0", Effect: resourceapi.DeviceTaintEffectNoSchedule}},
 			}},
 		},
 	}

@@ -23,8 +23,9 @@ import (
 	"github.com/tessera-gpu/tessera/nodeagent/agent"
 	"github.com/tessera-gpu/tessera/nodeagent/nvmlbackend"
 	"github.com/tessera-gpu/tessera/nodeagent/partition"
-	"github.com/tessera-gpu/tessera/nodeagent/slices"
 	"github.com/tessera-gpu/tessera/test/framework"
+
+	"github.com/tessera-gpu/tessera/contract"
 )
 
 func TestMain(m *testing.M) { os.Exit(framework.Run(m)) }
@@ -97,7 +98,7 @@ func pool(ctx context.Context, client kubernetes.Interface, nodeName string) ([]
 	list, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
 		FieldSelector: fields.AndSelectors(
 			fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorNodeName, nodeName),
-			fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorDriver, slices.DriverName),
+			fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorDriver, contract.DriverName),
 		).String(),
 	})
 	if err != nil {

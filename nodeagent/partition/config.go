@@ -17,33 +17,26 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/yaml"
+
+	"github.com/tessera-gpu/tessera/contract"
 )
 
-// Mode says how a GPU is offered.
-type Mode string
+// Mode says how a GPU is offered; the modes and what each means for the other
+// parts are defined once, in the contract package.
+type Mode = contract.Mode
 
+// The modes. ModeDevicePlugin leaves the GPU's MIG mode as it is, so that a cluster
+// can move from the device plugin to DRA GPU by GPU; a GPU is offered through exactly
+// one of the two.
 const (
-	// ModeWhole offers the GPU as one device, allocated exclusively.
-	ModeWhole Mode = "whole"
-	// ModeDynamicMIG offers the whole GPU and every (profile, placement) as
-	// partitionable devices; the kubelet plugin creates MIG instances on
-	// prepare.
-	ModeDynamicMIG Mode = "dynamicMIG"
-	// ModeStaticMIG offers the MIG instances that exist (optionally created
-	// from Layout at start).
-	ModeStaticMIG Mode = "staticMIG"
-	// ModeShared offers the GPU to many claims through consumable capacity
-	// (memory and a compute share), enforced with MPS or time-slicing.
-	ModeShared Mode = "shared"
-	// ModeDevicePlugin hands the GPU to the classic device plugin (extended
-	// resources such as tessera.dev/gpu) instead of DRA: it is not published
-	// in a ResourceSlice, and its MIG mode is left as it is, so that a
-	// cluster can move from the device plugin to DRA GPU by GPU. A GPU is
-	// offered through exactly one of the two.
-	ModeDevicePlugin Mode = "devicePlugin"
+	ModeWhole        = contract.ModeWhole
+	ModeDynamicMIG   = contract.ModeDynamicMIG
+	ModeStaticMIG    = contract.ModeStaticMIG
+	ModeShared       = contract.ModeShared
+	ModeDevicePlugin = contract.ModeDevicePlugin
 )
 
-var modes = []string{string(ModeWhole), string(ModeDynamicMIG), string(ModeStaticMIG), string(ModeShared), string(ModeDevicePlugin)}
+var modes = contract.ModeStrings()
 
 // Config is the partition config file.
 type Config struct {
@@ -175,11 +168,10 @@ func (n *NodeConfig) validate(p *field.Path) field.ErrorList {
 			}
 			seen[idx] = true
 		}
-		switch r.Mode {
-		case ModeWhole, ModeDynamicMIG, ModeStaticMIG, ModeShared, ModeDevicePlugin:
-		case "":
+		switch {
+		case r.Mode == "":
 			errs = append(errs, field.Required(rp.Child("mode"), "one of "+strings.Join(modes, ", ")))
-		default:
+		case !r.Mode.Valid():
 			errs = append(errs, field.NotSupported(rp.Child("mode"), r.Mode, modes))
 		}
 		if len(r.Profiles) > 0 && r.Mode != ModeDynamicMIG {

@@ -17,23 +17,17 @@ import (
 	"github.com/tessera-gpu/tessera/nodeagent/discovery"
 	"github.com/tessera-gpu/tessera/nodeagent/health"
 	"github.com/tessera-gpu/tessera/nodeagent/partition"
+
+	"github.com/tessera-gpu/tessera/contract"
 )
 
 const (
 	// DriverName is tessera's DRA driver name.
-	DriverName = "gpu.tessera.dev"
+	DriverName = contract.DriverName
 	// TaintKeyXID taints the devices of a GPU with a critical XID or ECC error.
-	TaintKeyXID = DriverName + "/xid"
+	TaintKeyXID = contract.TaintKeyXID
 	// TaintKeyLost taints the devices of a GPU that is gone.
-	TaintKeyLost = DriverName + "/gpu-lost"
-
-	// Device type attribute values ("type").
-	TypeGPU    = "gpu"
-	TypeMIG    = "mig"
-	TypeShared = "shared"
-
-	// CapacityCompute is the compute share (percent) of a shared GPU.
-	CapacityCompute = "compute"
+	TaintKeyLost = contract.TaintKeyLost
 )
 
 // Features are the DRA features the cluster serves.
@@ -290,20 +284,20 @@ func quantity(v int64) resourceapi.DeviceCapacity {
 
 // gpuAttributes are the attributes every device of a GPU carries, named as
 // NVIDIA's own DRA driver names them so that its CEL selectors work.
-func gpuAttributes(n *discovery.Node, g *discovery.GPU, typ string) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
+func gpuAttributes(n *discovery.Node, g *discovery.GPU, typ contract.DeviceType) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
 	a := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
-		"type":                  str(typ),
-		"productName":           str(g.ProductName),
-		"brand":                 str(g.Brand),
-		"architecture":          str(g.Architecture),
-		"cudaComputeCapability": version(g.CUDAComputeCapability),
-		"driverVersion":         version(n.DriverVersion),
-		"cudaDriverVersion":     version(n.CUDADriverVersion),
-		"index":                 integer(g.Index),
-		"minor":                 integer(g.Minor),
+		contract.AttrType:                  str(string(typ)),
+		contract.AttrProductName:           str(g.ProductName),
+		contract.AttrBrand:                 str(g.Brand),
+		contract.AttrArchitecture:          str(g.Architecture),
+		contract.AttrCUDAComputeCapability: version(g.CUDAComputeCapability),
+		contract.AttrDriverVersion:         version(n.DriverVersion),
+		contract.AttrCUDADriverVersion:     version(n.CUDADriverVersion),
+		contract.AttrIndex:                 integer(g.Index),
+		contract.AttrMinor:                 integer(g.Minor),
 	}
 	if g.PCIBusID != "" {
-		a["resource.kubernetes.io/pciBusID"] = str(g.PCIBusID)
+		a[contract.AttrPCIBusID] = str(g.PCIBusID)
 	}
 	return a
 }
@@ -311,14 +305,14 @@ func gpuAttributes(n *discovery.Node, g *discovery.GPU, typ string) map[resource
 func wholeDevice(n *discovery.Node, g *discovery.GPU) resourceapi.Device {
 	d := resourceapi.Device{
 		Name:       devicename.GPU(g.Minor),
-		Attributes: gpuAttributes(n, g, TypeGPU),
+		Attributes: gpuAttributes(n, g, contract.TypeGPU),
 		Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
-			"memory": quantity(int64(g.MemoryBytes)),
+			contract.CapMemory: quantity(int64(g.MemoryBytes)),
 		},
 	}
-	d.Attributes["uuid"] = str(g.UUID)
+	d.Attributes[contract.AttrUUID] = str(g.UUID)
 	if g.Multiprocessors > 0 {
-		d.Capacity["multiprocessors"] = quantity(int64(g.Multiprocessors))
+		d.Capacity[contract.CapMultiprocessors] = quantity(int64(g.Multiprocessors))
 	}
 	return d
 }
@@ -326,13 +320,13 @@ func wholeDevice(n *discovery.Node, g *discovery.GPU) resourceapi.Device {
 func sharedDevice(n *discovery.Node, g *discovery.GPU, sp partition.SharedPlan) resourceapi.Device {
 	d := resourceapi.Device{
 		Name:                     devicename.Shared(g.Minor),
-		Attributes:               gpuAttributes(n, g, TypeShared),
+		Attributes:               gpuAttributes(n, g, contract.TypeShared),
 		AllowMultipleAllocations: ptr.To(true),
 		Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
 			// Every capacity of a device that allows multiple allocations
 			// is consumable, so only memory and the compute share are
 			// capacities here; multiprocessors is an attribute.
-			"memory": {
+			contract.CapMemory: {
 				Value: *resource.NewQuantity(sp.Memory, resource.BinarySI),
 				RequestPolicy: &resourceapi.CapacityRequestPolicy{
 					Default: resource.NewQuantity(sp.DefaultMemory, resource.BinarySI),
@@ -342,7 +336,7 @@ func sharedDevice(n *discovery.Node, g *discovery.GPU, sp partition.SharedPlan) 
 					},
 				},
 			},
-			CapacityCompute: {
+			contract.CapCompute: {
 				Value: *resource.NewQuantity(100, resource.DecimalSI),
 				RequestPolicy: &resourceapi.CapacityRequestPolicy{
 					Default: resource.NewQuantity(sp.DefaultComputeShare, resource.DecimalSI),
@@ -355,9 +349,9 @@ func sharedDevice(n *discovery.Node, g *discovery.GPU, sp partition.SharedPlan) 
 			},
 		},
 	}
-	d.Attributes["uuid"] = str(g.UUID)
+	d.Attributes[contract.AttrUUID] = str(g.UUID)
 	if g.Multiprocessors > 0 {
-		d.Attributes["multiprocessors"] = integer(g.Multiprocessors)
+		d.Attributes[contract.AttrMultiprocessors] = integer(g.Multiprocessors)
 	}
 	return d
 }
@@ -368,7 +362,7 @@ func CounterSetName(minor int) string { return devicename.GPU(minor) + "-counter
 // MemorySliceCounter is the counter of one MIG memory slice. Every slice is a
 // counter of one, so that devices whose placements overlap can never be
 // allocated together, while devices on disjoint slices can.
-func MemorySliceCounter(i int) string { return "memory-slice-" + strconv.Itoa(i) }
+func MemorySliceCounter(i int) string { return contract.MemorySliceCounter(i) }
 
 // ProfileCounter limits the number of instances of a profile that NVML
 // allows at once (InstanceCount), where the placements alone do not.
@@ -420,22 +414,22 @@ func dynamicMIG(n *discovery.Node, g *discovery.GPU, profiles []discovery.MigPro
 }
 
 func migDevice(n *discovery.Node, g *discovery.GPU, p discovery.MigProfile, pl discovery.Placement, profileName string) resourceapi.Device {
-	a := gpuAttributes(n, g, TypeMIG)
-	a["parentUUID"] = str(g.UUID)
-	a["profile"] = str(profileName)
-	a["placementStart"] = integer(pl.Start)
-	a["placementSize"] = integer(pl.Size)
+	a := gpuAttributes(n, g, contract.TypeMIG)
+	a[contract.AttrParentUUID] = str(g.UUID)
+	a[contract.AttrProfile] = str(profileName)
+	a[contract.AttrPlacementStart] = integer(pl.Start)
+	a[contract.AttrPlacementSize] = integer(pl.Size)
 	d := resourceapi.Device{
 		Name:       devicename.MIG(g.Minor, profileName, pl.Start),
 		Attributes: a,
 		Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
-			"memory":          quantity(int64(p.MemoryBytes)),
-			"multiprocessors": quantity(int64(p.Multiprocessors)),
-			"copyEngines":     quantity(int64(p.CopyEngines)),
-			"decoders":        quantity(int64(p.Decoders)),
-			"encoders":        quantity(int64(p.Encoders)),
-			"jpegEngines":     quantity(int64(p.JpegEngines)),
-			"ofaEngines":      quantity(int64(p.OfaEngines)),
+			contract.CapMemory:          quantity(int64(p.MemoryBytes)),
+			contract.CapMultiprocessors: quantity(int64(p.Multiprocessors)),
+			contract.CapCopyEngines:     quantity(int64(p.CopyEngines)),
+			contract.CapDecoders:        quantity(int64(p.Decoders)),
+			contract.CapEncoders:        quantity(int64(p.Encoders)),
+			contract.CapJPEGEngines:     quantity(int64(p.JpegEngines)),
+			contract.CapOFAEngines:      quantity(int64(p.OfaEngines)),
 		},
 	}
 	return d

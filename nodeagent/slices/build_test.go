@@ -16,6 +16,8 @@ import (
 	"github.com/tessera-gpu/tessera/nodeagent/nvmlbackend"
 	"github.com/tessera-gpu/tessera/nodeagent/partition"
 	"github.com/tessera-gpu/tessera/nodeagent/slices"
+
+	"github.com/tessera-gpu/tessera/contract"
 )
 
 func setup(t *testing.T, backend, cfg string) (*discovery.Node, *partition.Plan) {
@@ -206,7 +208,7 @@ func TestSharedDevice(t *testing.T) {
 	if mem.Value.Value() != want || mem.RequestPolicy.ValidRange.Step.Cmp(resource.MustParse("512Mi")) != 0 {
 		t.Fatalf("memory capacity %+v, want %d in 512Mi steps", mem, want)
 	}
-	if c := devs[0].Capacity[slices.CapacityCompute]; c.Value.Value() != 100 || c.RequestPolicy.Default.Value() != 10 {
+	if c := devs[0].Capacity[contract.CapCompute]; c.Value.Value() != 100 || c.RequestPolicy.Default.Value() != 10 {
 		t.Fatalf("compute capacity %+v", c)
 	}
 	if res.Counts.Shared != 1 {

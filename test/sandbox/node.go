@@ -17,6 +17,8 @@ import (
 	"github.com/tessera-gpu/tessera/nodeagent/nvmlbackend"
 	"github.com/tessera-gpu/tessera/nodeagent/partition"
 	"github.com/tessera-gpu/tessera/test/simkubelet"
+
+	"github.com/tessera-gpu/tessera/contract"
 )
 
 // simNode is one simulated GPU node: a simulated kubelet, and tessera-node's
@@ -110,7 +112,7 @@ func startNode(ctx context.Context, client kubernetes.Interface, dir string, spe
 }
 
 func (n *simNode) registryDir() string { return filepath.Join(n.dir, "plugins_registry") }
-func (n *simNode) pluginDir() string   { return filepath.Join(n.dir, "plugins", "gpu.tessera.dev") }
+func (n *simNode) pluginDir() string   { return filepath.Join(n.dir, "plugins", contract.DriverName) }
 func (n *simNode) cdiDir() string      { return filepath.Join(n.dir, "cdi") }
 func (n *simNode) mpsDir() string      { return filepath.Join(n.dir, "mps") }
 

@@ -9,12 +9,14 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/tessera-gpu/tessera/contract"
 )
 
 const (
 	// GroupName is the API group of the opaque configuration and also the
 	// DRA driver name under which it appears in claims.
-	GroupName = "gpu.tessera.dev"
+	GroupName = contract.DriverName
 	// Version is the only served version.
 	Version = "v1alpha1"
 
