@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
@@ -427,14 +426,14 @@ func (k *kubelet) unprepare(t testing.TB, ctx context.Context, claims ...*resour
 	return resp.Claims
 }
 
-// migInstances lists "gpu<minor>:<profileID>@<start>" for every GPU
+// migInstances lists "gpu<minor>:<profile>@<start>" for every GPU
 // instance on the mock.
 func (e *env) migInstances() []string {
 	e.t.Helper()
 	var out []string
 	for _, g := range e.lib.GPUs() {
-		for gi := range g.GpuInstances {
-			out = append(out, fmt.Sprintf("gpu%d:%d@%d", g.Minor, gi.Info.ProfileId, gi.Info.Placement.Start))
+		for _, in := range g.Instances() {
+			out = append(out, fmt.Sprintf("gpu%d:%s@%d", g.Minor, in.Profile, in.Start))
 		}
 	}
 	sort.Strings(out)
@@ -453,34 +452,11 @@ func (e *env) specFiles() []string {
 	return out
 }
 
-// createStaticMIG makes a MIG instance outside the plugin.
+// createStaticMIG makes a MIG instance outside the plugin, as an
+// administrator does with nvidia-smi.
 func (e *env) createStaticMIG(minor int, profile string, start int) {
 	e.t.Helper()
-	g, _ := e.node.GPUByMinor(minor)
-	p, ok := g.Profile(profile)
-	if !ok {
-		e.t.Fatalf("GPU %d has no profile %s", minor, profile)
-	}
-	dev := e.lib.GPUs()[minor]
-	info, ret := dev.GetGpuInstanceProfileInfo(p.GIProfileID)
-	if ret != nvml.SUCCESS {
-		e.t.Fatal(ret)
-	}
-	size := 0
-	for _, pl := range p.Placements {
-		if pl.Start == start {
-			size = pl.Size
-		}
-	}
-	gi, ret := dev.CreateGpuInstanceWithPlacement(&info, &nvml.GpuInstancePlacement{Start: uint32(start), Size: uint32(size)})
-	if ret != nvml.SUCCESS {
-		e.t.Fatal(ret)
-	}
-	ciInfo, ret := gi.GetComputeInstanceProfileInfo(p.CIProfileID, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
-	if ret != nvml.SUCCESS {
-		e.t.Fatal(ret)
-	}
-	if _, ret := gi.CreateComputeInstance(&ciInfo); ret != nvml.SUCCESS {
-		e.t.Fatal(ret)
+	if _, err := e.lib.GPUs()[minor].CreateInstance(profile, uint32(start)); err != nil {
+		e.t.Fatal(err)
 	}
 }

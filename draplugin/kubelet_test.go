@@ -16,6 +16,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/draplugin/cdi"
 	"github.com/tessera-gpu/tessera/nodeagent/devicename"
+	"github.com/tessera-gpu/tessera/nodeagent/nvmlbackend"
 )
 
 // readSpec reads the claim's CDI spec from disk.
@@ -93,13 +94,13 @@ func TestKubeletPrepareUnprepare(t *testing.T) {
 	}
 	g1, _ := e.node.GPUByMinor(1)
 	prof, _ := g1.Profile("1g.10gb")
-	wantInst := []string{"gpu1:" + itoa(prof.GIProfileID) + "@" + itoa(name.Start)}
+	wantInst := []string{"gpu1:" + prof.Name + "@" + itoa(name.Start)}
 	if got := e.migInstances(); !reflect.DeepEqual(got, wantInst) {
 		t.Errorf("MIG instances = %v, want %v", got, wantInst)
 	}
 	gi := onlyGI(t, e, 1)
 	mspec := e.readSpec(string(migc.UID))
-	wantNodes := []string{"/dev/nvidia1", "/dev/nvidia-caps/nvidia-cap" + itoa(3+1*135+int(gi.Info.Id)*9), "/dev/nvidia-caps/nvidia-cap" + itoa(3+1*135+int(gi.Info.Id)*9+1)}
+	wantNodes := []string{"/dev/nvidia1", "/dev/nvidia-caps/nvidia-cap" + itoa(3+1*135+int(gi.GIID)*9), "/dev/nvidia-caps/nvidia-cap" + itoa(3+1*135+int(gi.GIID)*9+1)}
 	if got := nodePaths(mspec.Devices[0].ContainerEdits); !reflect.DeepEqual(got, wantNodes) {
 		t.Errorf("MIG device nodes = %v, want %v", got, wantNodes)
 	}
@@ -158,17 +159,13 @@ func TestKubeletPrepareUnprepare(t *testing.T) {
 
 func itoa(i int) string { return strconv.Itoa(i) }
 
-func onlyGI(t *testing.T, e *env, minor int) (gi struct{ Info nvml.GpuInstanceInfo }) {
+func onlyGI(t *testing.T, e *env, minor int) nvmlbackend.Instance {
 	t.Helper()
-	n := 0
-	for g := range e.lib.GPUs()[minor].GpuInstances {
-		gi.Info = g.Info
-		n++
+	in := e.lib.GPUs()[minor].Instances()
+	if len(in) != 1 {
+		t.Fatalf("GPU %d has MIG instances %v, want 1", minor, in)
 	}
-	if n != 1 {
-		t.Fatalf("GPU %d has %d GPU instances, want 1", minor, n)
-	}
-	return gi
+	return in[0]
 }
 
 // TestMIGWithMPS: a MIG device shared by the claim's containers through

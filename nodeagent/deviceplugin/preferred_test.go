@@ -9,7 +9,6 @@ import (
 
 	"github.com/NVIDIA/go-gpuallocator/gpuallocator"
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	mockserver "github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/tessera-gpu/tessera/nodeagent/nvmlbackend"
@@ -50,7 +49,7 @@ func setLinks(m *nvmlbackend.Mock, cpu func(i int) int, links func(i, j int) int
 	gpus := m.GPUs()
 	for i, d := range gpus {
 		// remote[l] is the GPU at the far end of NVLink l.
-		var remote []*mockserver.Device
+		var remote []*nvmlbackend.GPU
 		for j := range gpus {
 			if j == i {
 				continue
@@ -65,7 +64,7 @@ func setLinks(m *nvmlbackend.Mock, cpu func(i int) int, links func(i, j int) int
 			if ret != nvml.SUCCESS {
 				return 0, ret
 			}
-			j := slices.IndexFunc(gpus, func(g *mockserver.Device) bool { return g.UUID == id })
+			j := slices.IndexFunc(gpus, func(g *nvmlbackend.GPU) bool { return g.UUID == id })
 			if j < 0 {
 				return 0, nvml.ERROR_INVALID_ARGUMENT
 			}

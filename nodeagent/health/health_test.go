@@ -182,6 +182,21 @@ func TestMonitorProbesLostAndRecovery(t *testing.T) {
 	if ev := next(t, events); ev.Kind != health.KindLost || !ev.Healthy {
 		t.Fatalf("got %v, want GPU 0 back", ev)
 	}
+	// Coming back was a GPU reset, which dropped the event registration:
+	// the monitor registers again, so an XID on GPU 0 is still seen.
+	deadline := time.Now().Add(5 * time.Second)
+	for mock.InjectXID(gpus[0].UUID, 48) != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("events of GPU 0 never registered again after its reset")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if ev := next(t, events); ev.Kind != health.KindXID || ev.UUID != gpus[0].UUID {
+		t.Fatalf("got %v, want XID 48 on GPU 0", ev)
+	}
+	if ev := next(t, events); ev.Kind != health.KindXID || !ev.Healthy {
+		t.Fatalf("got %v, want GPU 0's XID cleared", ev)
+	}
 	// An XID clears after the recovery period once the GPU answers.
 	if err := mock.InjectXID(gpus[1].UUID, 48); err != nil {
 		t.Fatal(err)
@@ -198,5 +213,44 @@ func TestMonitorProbesLostAndRecovery(t *testing.T) {
 	}
 	if u := b.Unhealthy(); len(u) != 0 {
 		t.Fatalf("still unhealthy: %v", u)
+	}
+}
+
+// TestMonitorGPULostAtStart: a GPU that does not answer when the monitor
+// starts is reported lost instead of failing the monitor, and watched once
+// it answers.
+func TestMonitorGPULostAtStart(t *testing.T) {
+	mock, err := nvmlbackend.NewMock("dgxh100", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpus := mock.GPUs()
+	_ = mock.SetLost(gpus[1].UUID, true)
+	b := health.NewBroadcaster()
+	_, ctx := ktesting.NewTestContext(t)
+	ctx, cancel := context.WithCancel(ctx)
+	events := b.Subscribe(ctx)
+	m := health.NewMonitor(mock, b, health.MonitorOptions{GPUs: []string{gpus[0].UUID, gpus[1].UUID}, ProbeInterval: 20 * time.Millisecond, WaitTimeout: 20 * time.Millisecond})
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("monitor: %v", err)
+		}
+	}()
+	if ev := next(t, events); ev.Kind != health.KindLost || ev.UUID != gpus[1].UUID || ev.Healthy {
+		t.Fatalf("got %v, want GPU 1 lost", ev)
+	}
+	_ = mock.SetLost(gpus[1].UUID, false)
+	if ev := next(t, events); ev.Kind != health.KindLost || !ev.Healthy {
+		t.Fatalf("got %v, want GPU 1 back", ev)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for mock.InjectXID(gpus[1].UUID, 48) != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("events of GPU 1 never registered")
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -44,6 +45,15 @@ type Monitor struct {
 	b      *Broadcaster
 	opts   MonitorOptions
 	benign map[uint64]bool
+
+	mu  sync.Mutex
+	set nvml.EventSet
+	// byDevice maps a registered handle to its UUID: an event of a GPU that
+	// just fell off the bus cannot be asked for its UUID any more.
+	byDevice map[nvml.Device]string
+	// registered says which GPUs' events are registered since they last
+	// came back (a GPU reset drops the driver's registrations).
+	registered map[string]bool
 }
 
 // NewMonitor returns a monitor; call Run to start it.
@@ -58,40 +68,28 @@ func NewMonitor(lib nvml.Interface, b *Broadcaster, opts MonitorOptions) *Monito
 	for _, x := range append(slices.Clone(DefaultBenignXIDs), opts.ExtraBenignXIDs...) {
 		benign[x] = true
 	}
-	return &Monitor{lib: lib, b: b, opts: opts, benign: benign}
+	return &Monitor{lib: lib, b: b, opts: opts, benign: benign, byDevice: map[nvml.Device]string{}, registered: map[string]bool{}}
 }
 
 // IsBenign reports whether the monitor ignores this XID.
 func (m *Monitor) IsBenign(xid uint64) bool { return m.benign[xid] }
 
 // Run watches until ctx is done. It returns an error only if NVML cannot
-// deliver events at all; probing continues without events in that case is
-// not attempted, because a monitor that silently sees nothing is worse than
-// one that says so.
+// deliver events at all: a monitor that silently sees nothing is worse than
+// one that says so. A GPU that is lost at start is reported lost, and its
+// events are registered once it answers again.
 func (m *Monitor) Run(ctx context.Context) error {
-	logger := klog.FromContext(ctx)
 	set, ret := m.lib.EventSetCreate()
 	if ret != nvml.SUCCESS {
 		return fmt.Errorf("create NVML event set: %w", ret)
 	}
 	defer set.Free()
+	m.mu.Lock()
+	m.set = set
+	m.mu.Unlock()
 	for _, id := range m.opts.GPUs {
-		dev, ret := m.lib.DeviceGetHandleByUUID(id)
-		if ret != nvml.SUCCESS {
-			return fmt.Errorf("GPU %s: %w", id, ret)
-		}
-		supported, ret := dev.GetSupportedEventTypes()
-		if ret != nvml.SUCCESS {
-			logger.Info("GPU does not report supported events; health relies on probes", "gpu", id, "ret", ret.Error())
-			continue
-		}
-		mask := supported & (nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError)
-		if mask == 0 {
-			logger.Info("GPU supports neither XID nor ECC events; health relies on probes", "gpu", id)
-			continue
-		}
-		if ret := dev.RegisterEvents(mask, set); ret != nvml.SUCCESS {
-			return fmt.Errorf("register events of GPU %s: %w", id, ret)
+		if err := m.register(ctx, id); err != nil {
+			return err
 		}
 	}
 
@@ -102,6 +100,7 @@ func (m *Monitor) Run(ctx context.Context) error {
 	}()
 	defer func() { <-done }()
 
+	logger := klog.FromContext(ctx)
 	timeout := uint32(m.opts.WaitTimeout / time.Millisecond)
 	for ctx.Err() == nil {
 		data, ret := set.Wait(timeout)
@@ -122,15 +121,64 @@ func (m *Monitor) Run(ctx context.Context) error {
 	return nil
 }
 
+// register registers the GPU's XID and ECC events. A lost GPU is reported
+// and registered later (see probe); other failures are errors.
+func (m *Monitor) register(ctx context.Context, id string) error {
+	logger := klog.FromContext(ctx)
+	dev, ret := m.lib.DeviceGetHandleByUUID(id)
+	if ret == nvml.ERROR_GPU_IS_LOST {
+		if !m.has(id, KindLost) {
+			m.b.Publish(Event{UUID: id, Kind: KindLost, Message: "GPU does not answer: " + ret.Error()})
+		}
+		return nil
+	}
+	if ret != nvml.SUCCESS {
+		return fmt.Errorf("GPU %s: %w", id, ret)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.byDevice[dev] = id
+	m.registered[id] = true
+	supported, ret := dev.GetSupportedEventTypes()
+	if ret != nvml.SUCCESS {
+		logger.Info("GPU does not report supported events; health relies on probes", "gpu", id, "ret", ret.Error())
+		return nil
+	}
+	mask := supported & (nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError)
+	if mask == 0 {
+		logger.Info("GPU supports neither XID nor ECC events; health relies on probes", "gpu", id)
+		return nil
+	}
+	if ret := dev.RegisterEvents(mask, m.set); ret != nvml.SUCCESS {
+		m.registered[id] = false
+		return fmt.Errorf("register events of GPU %s: %w", id, ret)
+	}
+	return nil
+}
+
+func (m *Monitor) has(id string, k Kind) bool {
+	for _, c := range m.b.Conditions(id) {
+		if c.Kind == k {
+			return true
+		}
+	}
+	return false
+}
+
 func (m *Monitor) handle(ctx context.Context, data nvml.EventData) {
 	logger := klog.FromContext(ctx)
 	if data.Device == nil {
 		return
 	}
-	id, ret := data.Device.GetUUID()
-	if ret != nvml.SUCCESS {
-		logger.Info("Event for a GPU without UUID", "ret", ret.Error())
-		return
+	m.mu.Lock()
+	id, ok := m.byDevice[data.Device]
+	m.mu.Unlock()
+	if !ok {
+		var ret nvml.Return
+		if id, ret = data.Device.GetUUID(); ret != nvml.SUCCESS {
+			logger.Info("Event for a GPU without UUID", "ret", ret.Error())
+			return
+		}
 	}
 	switch data.EventType {
 	case nvml.EventTypeXidCriticalError:
@@ -182,6 +230,9 @@ func (m *Monitor) probe(ctx context.Context, id string) {
 		return Event{}, false
 	}
 	if ret == nvml.ERROR_GPU_IS_LOST || ret == nvml.ERROR_NOT_FOUND {
+		m.mu.Lock()
+		m.registered[id] = false
+		m.mu.Unlock()
 		if _, lost := has(KindLost); !lost {
 			m.b.Publish(Event{UUID: id, Kind: KindLost, Message: "GPU does not answer: " + ret.Error()})
 		}
@@ -194,6 +245,16 @@ func (m *Monitor) probe(ctx context.Context, id string) {
 	if _, lost := has(KindLost); lost {
 		m.b.Publish(Event{UUID: id, Kind: KindLost, Healthy: true, Message: "GPU answers again"})
 	}
+	m.mu.Lock()
+	registered := m.registered[id]
+	m.mu.Unlock()
+	if !registered || lostBefore(conds) {
+		// A GPU that comes back was reset: the driver dropped its event
+		// registrations, so they are made again.
+		if err := m.register(ctx, id); err != nil {
+			logger.Error(err, "Registering events again failed; health of this GPU relies on probes", "gpu", id)
+		}
+	}
 	if m.opts.XIDRecovery <= 0 {
 		return
 	}
@@ -202,4 +263,8 @@ func (m *Monitor) probe(ctx context.Context, id string) {
 			m.b.Publish(Event{UUID: id, Kind: k, Healthy: true, Message: fmt.Sprintf("no %s error for %s", k, m.opts.XIDRecovery)})
 		}
 	}
+}
+
+func lostBefore(conds []Event) bool {
+	return slices.ContainsFunc(conds, func(e Event) bool { return e.Kind == KindLost })
 }

@@ -1,8 +1,8 @@
 // Package nvmlbackend opens the NVML implementation that the node agent, the
-// DRA plugin and the device plugin share: the real libnvidia-ml, or one of
-// go-nvml's mock DGX servers with the gaps filled that tessera relies on
-// (MIG create/destroy with overlap checks, MIG device handles for go-nvlib,
-// PCI bus IDs and an event set that tests can inject XID/ECC events into).
+// DRA plugin and the device plugin share: the real libnvidia-ml, or a model
+// of a DGX machine faithful to NVML (Mock: NVIDIA's MIG profile tables per
+// product, MIG mode with pending changes, lost GPUs, XID events, a driver
+// installation on disk, and what a container sees given its CDI edits).
 package nvmlbackend
 
 import (
@@ -13,7 +13,6 @@ import (
 	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
 )
 
 // Real is the backend spec that loads the real NVIDIA library.
@@ -21,22 +20,6 @@ const Real = "nvml"
 
 // MockPrefix starts every mock backend spec ("mock:dgxh100?gpus=4").
 const MockPrefix = "mock:"
-
-// mockMachines maps a mock machine name to its GPU model and driver versions.
-var mockMachines = map[string]struct {
-	gpu     gpus.Config
-	driver  string
-	nvmlVer string
-	cuda    int
-}{
-	"dgxa100": {gpus.A100_SXM4_40GB, "550.54.15", "12.550.54.15", 12040},
-	"dgxh100": {gpus.H100_SXM5_80GB, "550.54.15", "12.550.54.15", 12040},
-	"dgxh200": {gpus.H200_SXM5_141GB, "550.54.15", "12.550.54.15", 12040},
-	"dgxb200": {gpus.B200_SXM5_180GB, "560.35.03", "12.560.35.03", 12060},
-}
-
-// MockMachines lists the machine names a mock spec accepts.
-func MockMachines() []string { return []string{"dgxa100", "dgxh100", "dgxh200", "dgxb200"} }
 
 // Spec is a parsed backend selector.
 type Spec struct {

@@ -87,14 +87,15 @@ nodes:
 }
 
 func TestResolveRejectsWhatTheGPUCannotDo(t *testing.T) {
-	lib, _ := nvmlbackend.Open("mock:dgxh100?gpus=2")
-	mock := lib.(*nvmlbackend.Mock)
-	// GPU 1 is not MIG capable, like a T4.
-	mock.GPUs()[1].GetMigModeFunc = func() (int, int, nvml.Return) { return 0, 0, nvml.ERROR_NOT_SUPPORTED }
+	// GPU 1 is not MIG capable (an L40S beside an H100).
+	lib, err := nvmlbackend.NewMockProducts("550.54.15", 12040, "h100-80gb", "l40s-48gb")
+	if err != nil {
+		t.Fatal(err)
+	}
 	node := discover(t, lib)
 	for name, tc := range map[string]struct{ cfg, want string }{
 		"unsupported profile": {"default: {gpus: [{indices: [0], mode: dynamicMIG, profiles: [1g.10gb, 1g.5gb]}]}", `default.gpus[0].profiles[1]: Unsupported value: "1g.5gb": supported values: "1g.10gb"`},
-		"MIG on non-MIG GPU":  {"default: {gpus: [{indices: [1], mode: staticMIG}]}", "default.gpus[0].mode: Invalid value: \"staticMIG\": GPU 1 (NVIDIA H100 80GB HBM3) does not support MIG"},
+		"MIG on non-MIG GPU":  {"default: {gpus: [{indices: [1], mode: staticMIG}]}", "default.gpus[0].mode: Invalid value: \"staticMIG\": GPU 1 (NVIDIA L40S) does not support MIG"},
 		"layout profile":      {"default: {gpus: [{indices: [0], mode: staticMIG, layout: [{profile: 2g.10gb}]}]}", `default.gpus[0].layout[0].profile: Invalid value: "2g.10gb": GPU 0 (NVIDIA H100 80GB HBM3) does not support this profile; supported: 1g.10gb,`},
 		"layout placement":    {"default: {gpus: [{indices: [0], mode: staticMIG, layout: [{profile: 4g.40gb, start: 4}]}]}", "default.gpus[0].layout[0].start: Invalid value: 4: profile 4g.40gb can start at memory slices 0"},
 		"layout overlap":      {"default: {gpus: [{indices: [0], mode: staticMIG, layout: [{profile: 4g.40gb, start: 0}, {profile: 1g.10gb, start: 3}]}]}", "default.gpus[0].layout[1]: Invalid value: \"1g.10gb at 3\": overlaps memory slices 0-3"},
@@ -124,7 +125,7 @@ default:
   gpus:
   - indices: [0]
     mode: staticMIG
-    layout: [{profile: 3g.40gb}, {profile: 3g.40gb}, {profile: 1g.10gb}]
+    layout: [{profile: 3g.40gb}, {profile: 1g.10gb, start: 6}, {profile: 2g.20gb}]
   - indices: [1]
     mode: dynamicMIG
 `))
@@ -148,7 +149,7 @@ default:
 	for _, in := range node.GPUs[0].MigInstances {
 		got = append(got, in.Profile)
 	}
-	if strings.Join(got, ",") != "3g.40gb,1g.10gb,3g.40gb" {
+	if strings.Join(got, ",") != "3g.40gb,2g.20gb,1g.10gb" {
 		t.Fatalf("instances %v (ordered by placement)", got)
 	}
 	// Applying again changes nothing.
@@ -177,17 +178,10 @@ default:
 func TestApplyUndoesAFailedLayout(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	lib, _ := nvmlbackend.Open("mock:dgxa100?gpus=1")
-	gpu := lib.(*nvmlbackend.Mock).GPUs()[0]
+	mock := lib.(*nvmlbackend.Mock)
+	gpu := mock.GPUs()[0]
 	// The third GPU instance fails, as a driver error would.
-	create := gpu.CreateGpuInstanceWithPlacementFunc
-	calls := 0
-	gpu.CreateGpuInstanceWithPlacementFunc = func(info *nvml.GpuInstanceProfileInfo, p *nvml.GpuInstancePlacement) (nvml.GpuInstance, nvml.Return) {
-		calls++
-		if calls == 3 {
-			return nil, nvml.ERROR_UNKNOWN
-		}
-		return create(info, p)
-	}
+	mock.FailCall(gpu.UUID, "CreateGpuInstanceWithPlacement", 2, nvml.ERROR_UNKNOWN)
 	cfg, _ := partition.Parse([]byte("default: {gpus: [{mode: staticMIG, layout: [{profile: 1g.5gb}, {profile: 1g.5gb}, {profile: 1g.5gb}]}]}"))
 	node := discover(t, lib)
 	plan, err := partition.Resolve(cfg, nil, node)
@@ -198,11 +192,8 @@ func TestApplyUndoesAFailedLayout(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "default.gpus[0].layout: GPU 0: create 1g.5gb at memory slice 2: ERROR_UNKNOWN") {
 		t.Fatalf("Apply: %v", err)
 	}
-	gpu.RLock()
-	left := len(gpu.GpuInstances)
-	gpu.RUnlock()
-	if left != 0 {
-		t.Fatalf("%d GPU instances left after a failed layout", left)
+	if left := gpu.Instances(); len(left) != 0 {
+		t.Fatalf("GPU instances left after a failed layout: %v", left)
 	}
 }
 
