@@ -167,11 +167,11 @@ func (m *Mock) layOutLocked(dir string) error {
 		}
 	}
 	files := map[string]string{
-		"proc/devices":                                  fmt.Sprintf("Character devices:\n  1 mem\n%3d nvidia-frontend\n%3d nvidia-caps\n%3d nvidia-uvm\n\nBlock devices:\n  8 sd\n", NVIDIAMajor, CapsMajor, UVMMajor),
-		"proc/driver/nvidia/version":                    fmt.Sprintf("NVRM version: NVIDIA UNIX x86_64 Kernel Module  %s  (modelled)\nGCC version:  gcc version 12.2.0\n", ver),
-		"proc/driver/nvidia/capabilities/mig/config":    capFile(1, 0o400),
-		"proc/driver/nvidia/capabilities/mig/monitor":   capFile(2, 0o444),
-		"proc/driver/nvidia-caps/mig-minors":            m.migMinors(),
+		"proc/devices":                                 fmt.Sprintf("Character devices:\n  1 mem\n%3d nvidia-frontend\n%3d nvidia-caps\n%3d nvidia-uvm\n\nBlock devices:\n  8 sd\n", NVIDIAMajor, CapsMajor, UVMMajor),
+		"proc/driver/nvidia/version":                   fmt.Sprintf("NVRM version: NVIDIA UNIX x86_64 Kernel Module  %s  (modelled)\nGCC version:  gcc version 12.2.0\n", ver),
+		"proc/driver/nvidia/capabilities/mig/config":   capFile(1, 0o400),
+		"proc/driver/nvidia/capabilities/mig/monitor":  capFile(2, 0o444),
+		"proc/driver/nvidia-caps/mig-minors":           m.migMinors(),
 		"proc/driver/nvidia/gpus/.modelled-by-tessera": m.Machine + "\n",
 	}
 	for path, content := range files {
