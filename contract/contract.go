@@ -140,9 +140,12 @@ var modeTraits = map[Mode]struct {
 	mig      bool         // needs MIG mode on
 	types    []DeviceType // device types published
 	features []string     // DRA features the published devices need
+	// migByClaims: the kubelet plugin sets MIG mode as the prepared claims
+	// need it (on for a MIG device, off for the whole GPU), the agent leaves it.
+	migByClaims bool
 }{
 	ModeWhole:        {dra: true, types: []DeviceType{TypeGPU}},
-	ModeDynamicMIG:   {dra: true, mig: true, types: []DeviceType{TypeGPU, TypeMIG}, features: []string{"DRAPartitionableDevices"}},
+	ModeDynamicMIG:   {dra: true, mig: true, migByClaims: true, types: []DeviceType{TypeGPU, TypeMIG}, features: []string{"DRAPartitionableDevices"}},
 	ModeStaticMIG:    {dra: true, mig: true, types: []DeviceType{TypeMIG}},
 	ModeShared:       {dra: true, types: []DeviceType{TypeShared}, features: []string{"DRAConsumableCapacity"}},
 	ModeDevicePlugin: {},
@@ -156,6 +159,11 @@ func (m Mode) PublishedThroughDRA() bool { return modeTraits[m].dra }
 
 // NeedsMIGMode says whether GPUs in this mode run with MIG mode on.
 func (m Mode) NeedsMIGMode() bool { return modeTraits[m].mig }
+
+// MIGModeFollowsClaims says whether the GPU's MIG mode is set by the kubelet
+// plugin as its prepared claims need it (a MIG device needs it on, the whole
+// GPU off), rather than by the node agent from the partition config.
+func (m Mode) MIGModeFollowsClaims() bool { return modeTraits[m].migByClaims }
 
 // DeviceTypes are the device types a GPU in this mode is published as.
 func (m Mode) DeviceTypes() []DeviceType { return modeTraits[m].types }

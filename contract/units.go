@@ -67,7 +67,9 @@ func TypeOf(d *resourceapi.Device) DeviceType {
 //     consumes over all memory counters of its counter set: with tessera's counter of one
 //     per memory slice, a 1g.10gb device on an 8-slice H100 is 1/8, a 3g.40gb 4/8; without
 //     memory counters the largest share of any counter it consumes;
-//   - a MIG device without counters (static MIG) is its memory over its parent GPU's
+//   - a MIG device without counters (static MIG) is its placement size over its
+//     parent's memory slices (AttrPlacementSize / AttrParentMemorySlices, which
+//     tessera publishes on every MIG device), else its memory over its parent GPU's
 //     (parentMemory, by parent UUID; nil when unknown);
 //   - a shared GPU is 1 for an exclusive allocation; a share costs ShareUnits.
 func DeviceUnits(d *resourceapi.Device, sets CounterSets, parentMemory func(uuid string) *resource.Quantity) float64 {
@@ -103,6 +105,9 @@ func DeviceUnits(d *resourceapi.Device, sets CounterSets, parentMemory func(uuid
 	}
 	if TypeOf(d) == TypeShared {
 		return 1
+	}
+	if u, ok := sliceUnits(d); ok {
+		return u
 	}
 	if parent := StringAttr(d, AttrParentUUID); parent != "" && parentMemory != nil {
 		if pm, mem := parentMemory(parent), Capacity(d, CapMemory); pm != nil && mem != nil && !pm.IsZero() {

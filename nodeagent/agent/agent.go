@@ -28,7 +28,9 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/nodeagent/discovery"
+	"github.com/tessera-gpu/tessera/nodeagent/gpulock"
 	"github.com/tessera-gpu/tessera/nodeagent/health"
+	"github.com/tessera-gpu/tessera/nodeagent/nvmlbackend"
 	"github.com/tessera-gpu/tessera/nodeagent/partition"
 	"github.com/tessera-gpu/tessera/nodeagent/slices"
 
@@ -72,6 +74,17 @@ type Options struct {
 	StartupTimeout time.Duration
 	// Components run beside the agent once it has published.
 	Components []Component
+	// GPULocks serializes one GPU's MIG changes between the agent and the
+	// kubelet plugin; nil makes one (components get it from GPULocks()).
+	GPULocks *gpulock.Locks
+	// StatePath, if set, is a file where the agent keeps the last
+	// description of every GPU and the GPUs' XID/ECC conditions, so that a
+	// GPU lost while the agent restarts is still published (tainted) and a
+	// restart does not clear a broken GPU's taint.
+	StatePath string
+	// Roots of the driver installation (sysfs is read for PCIe roots);
+	// nil: nvmlbackend.RootsOf(NVML).
+	Roots *nvmlbackend.Roots
 }
 
 // Agent is one node agent.
@@ -93,6 +106,17 @@ type Agent struct {
 	// were reported, so each is logged and sent as an event once.
 	reasons  []string
 	degraded map[string]bool
+	// notices are unavailable GPUs found by the last discovery (event
+	// GPUUnavailable, once each).
+	notices []string
+	// known is the last description of every GPU seen (persisted).
+	known []discovery.GPU
+	// withdrawn are device types of GPUs that are not published for now.
+	withdrawn map[string]map[contract.DeviceType]string
+	locks     *gpulock.Locks
+	roots     nvmlbackend.Roots
+	// stateMu serializes writes of the state file.
+	stateMu sync.Mutex
 }
 
 // New checks the options and returns an agent; Run starts it.
@@ -120,7 +144,40 @@ func New(opts Options) (*Agent, error) {
 		cfg = &partition.Config{}
 	}
 	RegisterMetrics()
-	return &Agent{opts: opts, health: b, config: cfg, trigger: make(chan struct{}, 1), degraded: map[string]bool{}}, nil
+	locks := opts.GPULocks
+	if locks == nil {
+		locks = gpulock.New()
+	}
+	return &Agent{opts: opts, health: b, config: cfg, trigger: make(chan struct{}, 1), degraded: map[string]bool{},
+		withdrawn: map[string]map[contract.DeviceType]string{}, locks: locks}, nil
+}
+
+// GPULocks are the per-GPU locks the agent takes for MIG changes; the
+// kubelet plugin takes the same ones.
+func (a *Agent) GPULocks() *gpulock.Locks { return a.locks }
+
+// Roots are the driver installation's roots the agent uses.
+func (a *Agent) Roots() nvmlbackend.Roots {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	return a.roots
+}
+
+// Withdraw stops publishing the devices of these types of a GPU, with a
+// Node event giving the reason, until the agent restarts. The kubelet
+// plugin calls it when a GPU's MIG mode cannot change without a reset, so
+// that the scheduler stops choosing devices that cannot be prepared.
+func (a *Agent) Withdraw(gpuUUID string, types []contract.DeviceType, reason string) {
+	a.mu.Lock()
+	if a.withdrawn[gpuUUID] == nil {
+		a.withdrawn[gpuUUID] = map[contract.DeviceType]string{}
+	}
+	for _, t := range types {
+		a.withdrawn[gpuUUID][t] = reason
+	}
+	a.mu.Unlock()
+	a.event(v1.EventTypeWarning, "DevicesWithdrawn", "GPU %s: %v devices are not offered until tessera-node restarts: %s", gpuUUID, types, reason)
+	a.Resync()
 }
 
 // Health is the broadcaster of GPU health events.
@@ -186,6 +243,30 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		a.config = cfg
 	}
+	roots := nvmlbackend.HostRoots
+	if a.opts.Roots != nil {
+		roots = *a.opts.Roots
+	} else if roots, err = nvmlbackend.RootsOf(a.opts.NVML); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	a.roots = roots
+	a.mu.Unlock()
+	if a.opts.StatePath != "" {
+		st, err := readState(a.opts.StatePath)
+		if err != nil {
+			logger.Error(err, "Starting without the node state")
+		}
+		a.known = st.GPUs
+		for _, ev := range st.Conditions {
+			// Conditions of a GPU that is still broken survive the restart;
+			// XID recovery counts from the original time.
+			a.health.Publish(ev)
+		}
+		if len(st.Conditions) > 0 {
+			logger.Info("Restored GPU health conditions", "conditions", len(st.Conditions))
+		}
+	}
 	features := slices.AllFeatures
 	if a.opts.Features != nil {
 		features = *a.opts.Features
@@ -197,6 +278,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	a.saveState(ctx)
 
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.opts.KubeClient.CoreV1().Events("")})
@@ -216,6 +298,8 @@ func (a *Agent) Run(ctx context.Context) error {
 		mopts := *a.opts.Monitor
 		mopts.GPUs = nil
 		for _, g := range node.GPUs {
+			// Lost GPUs too: the monitor reports them and watches them
+			// once they answer again.
 			mopts.GPUs = append(mopts.GPUs, g.UUID)
 		}
 		mon := health.NewMonitor(a.opts.NVML, a.health, mopts)
@@ -293,6 +377,7 @@ func (a *Agent) Run(ctx context.Context) error {
 				a.event(v1.EventTypeWarning, "GPUUnhealthy", "%s: %s", ev, ev.Message)
 			}
 			a.drainHealth(healthCh)
+			a.saveState(ctx)
 			a.publish(ctx, controller)
 		case <-ticker.C:
 			a.resync(ctx, controller)
@@ -361,9 +446,9 @@ func (a *Agent) waitForNode(ctx context.Context) (*v1.Node, error) {
 
 // prepare discovers the GPUs, resolves the plan and brings MIG state in line.
 func (a *Agent) prepare(ctx context.Context, cfg *partition.Config, nodeLabels map[string]string, features slices.Features) (*discovery.Node, *partition.Plan, []string, error) {
-	node, err := discovery.Discover(ctx, a.opts.NVML)
+	node, err := a.discover(ctx)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("discover GPUs: %w", err)
+		return nil, nil, nil, err
 	}
 	plan, err := partition.Resolve(cfg, nodeLabels, node)
 	if err != nil {
@@ -372,13 +457,13 @@ func (a *Agent) prepare(ctx context.Context, cfg *partition.Config, nodeLabels m
 	// Degrade before touching MIG state: a dynamic-MIG GPU offered whole on
 	// an older cluster must not be switched into MIG mode.
 	plan, reasons := slices.Degrade(node, plan, features)
-	changed, err := partition.Apply(ctx, a.opts.NVML, node, plan)
+	changed, err := partition.Apply(ctx, a.opts.NVML, node, plan, a.locks)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("partition config entry %q: %w", plan.Entry, err)
 	}
 	if changed {
-		if node, err = discovery.Discover(ctx, a.opts.NVML); err != nil {
-			return nil, nil, nil, fmt.Errorf("discover GPUs after changing MIG state: %w", err)
+		if node, err = a.discover(ctx); err != nil {
+			return nil, nil, nil, fmt.Errorf("after changing MIG state: %w", err)
 		}
 		if plan, err = partition.Resolve(cfg, nodeLabels, node); err != nil {
 			return nil, nil, nil, err
@@ -386,6 +471,51 @@ func (a *Agent) prepare(ctx context.Context, cfg *partition.Config, nodeLabels m
 		plan, reasons = slices.Degrade(node, plan, features)
 	}
 	return node, plan, reasons, nil
+}
+
+// discover reads the GPUs; those that do not answer are added back from
+// their last description (Lost, with a gpu-lost condition) or reported.
+func (a *Agent) discover(ctx context.Context) (*discovery.Node, error) {
+	a.mu.RLock()
+	sys, known := a.roots.Sys, a.known
+	a.mu.RUnlock()
+	node, err := discovery.DiscoverWith(ctx, a.opts.NVML, discovery.Options{SysRoot: sys})
+	if err != nil {
+		return nil, fmt.Errorf("discover GPUs: %w", err)
+	}
+	notes := mergeLost(node, known)
+	for _, g := range node.GPUs {
+		if !g.Lost {
+			continue
+		}
+		lost := false
+		for _, c := range a.health.Conditions(g.UUID) {
+			lost = lost || c.Kind == health.KindLost
+		}
+		if !lost {
+			a.health.Publish(health.Event{UUID: g.UUID, Kind: health.KindLost, Message: "GPU does not answer NVML at discovery"})
+		}
+	}
+	a.mu.Lock()
+	a.notices = notes
+	a.known = rememberGPUs(known, node)
+	a.mu.Unlock()
+	return node, nil
+}
+
+// saveState writes the known GPUs and the persistent health conditions.
+func (a *Agent) saveState(ctx context.Context) {
+	if a.opts.StatePath == "" {
+		return
+	}
+	a.stateMu.Lock()
+	defer a.stateMu.Unlock()
+	a.mu.RLock()
+	st := &nodeState{Version: stateVersion, GPUs: a.known, Conditions: persistentConditions(a.health.Unhealthy())}
+	a.mu.RUnlock()
+	if err := writeState(a.opts.StatePath, st); err != nil {
+		klog.FromContext(ctx).Error(err, "Node state not saved; a restart may forget GPU health")
+	}
 }
 
 // resync reads config and GPUs again; problems keep the last good state.
@@ -414,6 +544,7 @@ func (a *Agent) resync(ctx context.Context, controller *resourceslice.Controller
 	a.mu.Lock()
 	a.config, a.node, a.plan, a.reasons = cfg, node, plan, reasons
 	a.mu.Unlock()
+	a.saveState(ctx)
 	a.publish(ctx, controller)
 }
 
@@ -422,19 +553,35 @@ func (a *Agent) resync(ctx context.Context, controller *resourceslice.Controller
 func (a *Agent) publish(ctx context.Context, controller *resourceslice.Controller) {
 	logger := klog.FromContext(ctx)
 	a.mu.Lock()
-	res := slices.Build(slices.Input{Node: a.node, Plan: a.plan, Features: a.features, Unhealthy: a.health.Unhealthy()})
+	withdrawn := map[string][]contract.DeviceType{}
+	for uuid, types := range a.withdrawn {
+		for t := range types {
+			withdrawn[uuid] = append(withdrawn[uuid], t)
+		}
+	}
+	res := slices.Build(slices.Input{Node: a.node, Plan: a.plan, Features: a.features, Unhealthy: a.health.Unhealthy(), Withdrawn: withdrawn})
 	a.counts = res.Counts
-	var newlyDegraded []string
+	var newlyDegraded, newNotices []string
 	for _, d := range append(append([]string(nil), a.reasons...), res.Degraded...) {
 		if !a.degraded[d] {
 			a.degraded[d] = true
 			newlyDegraded = append(newlyDegraded, d)
 		}
 	}
+	for _, n := range a.notices {
+		if !a.degraded[n] {
+			a.degraded[n] = true
+			newNotices = append(newNotices, n)
+		}
+	}
 	a.mu.Unlock()
 	for _, d := range newlyDegraded {
 		logger.Info("Degraded: " + d)
 		a.event(v1.EventTypeWarning, "DRAFeatureMissing", "%s", d)
+	}
+	for _, n := range newNotices {
+		logger.Info("GPU unavailable: " + n)
+		a.event(v1.EventTypeWarning, "GPUUnavailable", "%s", n)
 	}
 	controller.Update(&resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{a.opts.NodeName: res.Pool}})
 	devicesPublished.WithLabelValues(a.opts.NodeName, string(contract.TypeGPU)).Set(float64(res.Counts.Whole))
@@ -457,14 +604,7 @@ func (a *Agent) handlePublishError(ctx context.Context, err error, msg string) {
 		a.mu.Lock()
 		before := a.features
 		for _, f := range dropped.DisabledFeatures() {
-			switch f {
-			case "DRAPartitionableDevices":
-				a.features.PartitionableDevices = false
-			case "DRAConsumableCapacity":
-				a.features.ConsumableCapacity = false
-			case "DRADeviceTaints":
-				a.features.DeviceTaints = false
-			}
+			a.features = a.features.Without(f)
 		}
 		changed := before != a.features
 		a.mu.Unlock()

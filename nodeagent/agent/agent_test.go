@@ -109,15 +109,15 @@ func TestStockAllocator(t *testing.T) {
 	client := cp.Client(t)
 	createDeviceClasses(t, client)
 	ns := cp.CreateNamespace(t)
-	// GPU 0 shared with 20Gi offered (60Gi of the 80Gi kept back), GPU 1
-	// dynamic MIG.
+	// GPU 0 shared with 20.5Gi offered (an H100 reports 81559MiB; 59Gi kept
+	// back, rounded down to the 256Mi step), GPU 1 dynamic MIG.
 	cfg := `
 default:
   gpus:
   - indices: [0]
     mode: shared
     shared:
-      reservedMemory: 60Gi
+      reservedMemory: 59Gi
   - indices: [1]
     mode: dynamicMIG
 `
@@ -261,7 +261,7 @@ default:
 			}
 		}
 		if c := allocate(t, state, "frac-3", "shared.gpu.tessera.dev", "", tenGi); c.result != nil {
-			t.Fatalf("third 10Gi fraction got %q, but only 20Gi are offered", device(c))
+			t.Fatalf("third 10Gi fraction got %q, but only 20.5Gi are offered", device(c))
 		}
 		// A smaller fraction still fits nowhere: the memory is used up.
 		if d := allocate(t, state, "frac-4", "shared.gpu.tessera.dev", "", map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse("1Gi")}); d.result != nil {

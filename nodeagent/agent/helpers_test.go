@@ -59,6 +59,7 @@ func startAgent(t *testing.T, client kubernetes.Interface, backend string, cfg s
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = lib.Shutdown() }) // after the agent stops
 	var config *partition.Config
 	if cfg != "" {
 		if config, err = partition.Parse([]byte(cfg)); err != nil {

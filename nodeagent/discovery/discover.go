@@ -9,6 +9,7 @@ import (
 
 	nvdev "github.com/NVIDIA/go-nvlib/pkg/nvlib/device"
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/dynamic-resource-allocation/deviceattribute"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/nodeagent/devicename"
@@ -27,9 +28,28 @@ var fullComputeInstance = map[int]int{
 	8: nvml.COMPUTE_INSTANCE_PROFILE_8_SLICE,
 }
 
-// Discover reads every GPU of the node. It does not change anything.
+// Options tune discovery.
+type Options struct {
+	// SysRoot is where sysfs is mounted (default /sys): the PCIe root
+	// complex of each GPU is read from it.
+	SysRoot string
+}
+
+// Discover reads every GPU of the node with the host's sysfs. It does not
+// change anything.
 func Discover(ctx context.Context, lib nvml.Interface) (*Node, error) {
+	return DiscoverWith(ctx, lib, Options{})
+}
+
+// DiscoverWith reads every GPU of the node. A GPU that does not answer
+// (ERROR_GPU_IS_LOST, XID 79) or fails to describe itself is not in GPUs but
+// in Unavailable, so that one broken GPU never hides the others. It does not
+// change anything.
+func DiscoverWith(ctx context.Context, lib nvml.Interface, opts Options) (*Node, error) {
 	logger := klog.FromContext(ctx)
+	if opts.SysRoot == "" {
+		opts.SysRoot = "/sys"
+	}
 	node := &Node{}
 	driver, ret := lib.SystemGetDriverVersion()
 	if ret != nvml.SUCCESS {
@@ -43,18 +63,42 @@ func Discover(ctx context.Context, lib nvml.Interface) (*Node, error) {
 	node.CUDADriverVersion = fmt.Sprintf("%d.%d.0", cuda/1000, (cuda%1000)/10)
 
 	devlib := nvdev.New(lib)
-	err := devlib.VisitDevices(func(index int, dev nvdev.Device) error {
+	count, ret := lib.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("count GPUs: %w", ret)
+	}
+	for index := 0; index < count; index++ {
+		handle, ret := lib.DeviceGetHandleByIndex(index)
+		if ret != nvml.SUCCESS {
+			node.Unavailable = append(node.Unavailable, UnavailableGPU{Index: index, Err: fmt.Errorf("get handle: %w", ret)})
+			continue
+		}
+		dev, err := devlib.NewDevice(handle)
+		if err != nil {
+			node.Unavailable = append(node.Unavailable, UnavailableGPU{Index: index, Err: err})
+			continue
+		}
 		gpu, err := discoverGPU(ctx, devlib, index, dev)
 		if err != nil {
-			return fmt.Errorf("GPU %d: %w", index, err)
+			u := UnavailableGPU{Index: index, Err: err}
+			u.UUID, _ = dev.GetUUID()
+			node.Unavailable = append(node.Unavailable, u)
+			continue
+		}
+		if gpu.PCIBusID != "" {
+			attr, err := deviceattribute.GetPCIeRootAttributeByPCIBusID(gpu.PCIBusID, deviceattribute.WithFSFromRoot(opts.SysRoot))
+			if err == nil && attr.Value.StringValue != nil {
+				gpu.PCIeRoot = *attr.Value.StringValue
+			} else {
+				logger.V(2).Info("PCIe root not found in sysfs", "gpu", gpu.UUID, "sysRoot", opts.SysRoot, "err", err)
+			}
 		}
 		node.GPUs = append(node.GPUs, *gpu)
-		return nil
-	})
-	if err != nil {
-		return nil, err
 	}
-	logger.V(4).Info("Discovered GPUs", "count", len(node.GPUs), "driverVersion", node.DriverVersion)
+	for _, u := range node.Unavailable {
+		logger.Info("GPU does not answer; it is not offered", "index", u.Index, "uuid", u.UUID, "err", u.Err)
+	}
+	logger.V(4).Info("Discovered GPUs", "count", len(node.GPUs), "unavailable", len(node.Unavailable), "driverVersion", node.DriverVersion)
 	return node, nil
 }
 
@@ -62,11 +106,11 @@ func discoverGPU(ctx context.Context, devlib nvdev.Interface, index int, dev nvd
 	logger := klog.FromContext(ctx)
 	g := &GPU{Index: index, Device: dev}
 	var ret nvml.Return
-	if g.Minor, ret = dev.GetMinorNumber(); ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("minor number: %w", ret)
-	}
 	if g.UUID, ret = dev.GetUUID(); ret != nvml.SUCCESS {
 		return nil, fmt.Errorf("UUID: %w", ret)
+	}
+	if g.Minor, ret = dev.GetMinorNumber(); ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("minor number: %w", ret)
 	}
 	if g.ProductName, ret = dev.GetName(); ret != nvml.SUCCESS {
 		return nil, fmt.Errorf("name: %w", ret)

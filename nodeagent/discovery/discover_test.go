@@ -2,6 +2,9 @@ package discovery_test
 
 import (
 	"context"
+	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	nvdev "github.com/NVIDIA/go-nvlib/pkg/nvlib/device"
@@ -63,6 +66,13 @@ func TestDiscoverMocks(t *testing.T) {
 				}
 				if len(g.MigProfiles) != want {
 					t.Errorf("GPU %d: %d profiles, NVML reports %d", g.Index, len(g.MigProfiles), want)
+				}
+				// The names are nvidia-smi's, as the product table gives them.
+				product, _ := nvmlbackend.MachineProduct(machine)
+				names := g.ProfileNames()
+				slices.Sort(names)
+				if !slices.Equal(names, product.ProfileNames()) {
+					t.Errorf("GPU %d: profile names %v, want %v", g.Index, names, product.ProfileNames())
 				}
 				for _, p := range g.MigProfiles {
 					for _, pl := range p.Placements {
@@ -189,5 +199,48 @@ func TestPartialComputeInstance(t *testing.T) {
 	}
 	if target.Instance == nil || target.Profile == nil || target.Profile.Name != "3g.20gb" {
 		t.Fatalf("lookup %+v", target)
+	}
+}
+
+// TestLostGPUIsIsolated: a GPU that fell off the bus is reported
+// unavailable; the others are discovered as usual.
+func TestLostGPUIsIsolated(t *testing.T) {
+	lib, err := nvmlbackend.NewMock("dgxh100", 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost := lib.GPUs()[5]
+	if err := lib.SetLost(lost.UUID, true); err != nil {
+		t.Fatal(err)
+	}
+	node, err := discovery.Discover(context.Background(), lib)
+	if err != nil {
+		t.Fatalf("one lost GPU failed discovery of the node: %v", err)
+	}
+	if len(node.GPUs) != 7 || len(node.Unavailable) != 1 || node.Unavailable[0].Index != 5 {
+		t.Fatalf("%d GPUs, unavailable %+v; want 7 and GPU 5", len(node.GPUs), node.Unavailable)
+	}
+	if !strings.Contains(node.Unavailable[0].Err.Error(), "ERROR_GPU_IS_LOST") {
+		t.Fatalf("reason %v", node.Unavailable[0].Err)
+	}
+	if _, ok := node.GPUByUUID(lost.UUID); ok {
+		t.Fatal("the lost GPU is discovered")
+	}
+}
+
+// TestPCIeRoot: the PCIe root complex of each GPU comes from sysfs.
+func TestPCIeRoot(t *testing.T) {
+	lib, _ := nvmlbackend.NewMock("dgxh100", 2)
+	root, err := lib.DriverRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lib.Shutdown() })
+	node, err := discovery.DiscoverWith(context.Background(), lib, discovery.Options{SysRoot: filepath.Join(root, "sys")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if node.GPUs[0].PCIBusID != "0000:18:00.0" || node.GPUs[0].PCIeRoot != "pci0000:15" || node.GPUs[1].PCIeRoot != "pci0000:27" {
+		t.Fatalf("bus %s root %s / %s", node.GPUs[0].PCIBusID, node.GPUs[0].PCIeRoot, node.GPUs[1].PCIeRoot)
 	}
 }

@@ -20,6 +20,17 @@ type Node struct {
 	CUDADriverVersion string
 	// GPUs in NVML index order.
 	GPUs []GPU
+	// Unavailable are GPUs NVML counts but that did not answer (lost, or
+	// failing to describe themselves); they are offered as nothing.
+	Unavailable []UnavailableGPU `json:",omitempty"`
+}
+
+// UnavailableGPU is a GPU that discovery could not read.
+type UnavailableGPU struct {
+	Index int
+	// UUID, when NVML still gave it.
+	UUID string
+	Err  error `json:"-"`
 }
 
 // GPU is one physical GPU.
@@ -43,6 +54,9 @@ type GPU struct {
 	OfaEngines      int
 	// PCIBusID ("0000:3b:00.0"), empty when NVML does not report it.
 	PCIBusID string
+	// PCIeRoot is the PCIe root complex ("pci0000:3a") from sysfs, empty
+	// when it cannot be resolved.
+	PCIeRoot string
 
 	MigCapable bool
 	MigEnabled bool
@@ -54,6 +68,10 @@ type GPU struct {
 	MigProfiles []MigProfile
 	// MigInstances lists the MIG devices that exist now.
 	MigInstances []MigInstance
+
+	// Lost is set (by the node agent) for a GPU that NVML counts but that does
+	// not answer: its description is the last one seen, Device is nil.
+	Lost bool `json:",omitempty"`
 
 	// Device is the NVML handle, for components that act on the GPU.
 	Device nvml.Device `json:"-"`

@@ -11,16 +11,20 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/nodeagent/discovery"
+	"github.com/tessera-gpu/tessera/nodeagent/gpulock"
 )
 
-// Apply brings the GPUs' MIG state in line with the plan: MIG mode on for
-// dynamic and static MIG, off for whole and shared GPUs, and static layouts
+// Apply brings the GPUs' MIG state in line with the plan: MIG mode as the
+// mode's traits say (on for static MIG, off for whole and shared GPUs; a
+// dynamic-MIG GPU's mode follows its prepared claims and is left to the
+// kubelet plugin; a device-plugin GPU is left as it is), and static layouts
 // created on GPUs without MIG instances. It checks every GPU before changing
-// any, and undoes the instances it created on a GPU where creation fails, so
-// that a refused plan leaves the GPUs as they were. It reports whether
-// anything changed (the caller then discovers again).
-func Apply(ctx context.Context, lib nvml.Interface, node *discovery.Node, plan *Plan) (bool, error) {
-	logger := klog.FromContext(ctx)
+// any, undoes the instances it created on a GPU where creation fails, and
+// withdraws a MIG mode change that would need a GPU reset, so that a
+// refused plan leaves the GPUs as they were. Each GPU's changes run under
+// its lock in locks (shared with the kubelet plugin; nil locks nothing). It
+// reports whether anything changed (the caller then discovers again).
+func Apply(ctx context.Context, lib nvml.Interface, node *discovery.Node, plan *Plan, locks *gpulock.Locks) (bool, error) {
 	var errs []error
 	for i := range plan.GPUs {
 		if err := check(&node.GPUs[i], &plan.GPUs[i]); err != nil {
@@ -33,32 +37,50 @@ func Apply(ctx context.Context, lib nvml.Interface, node *discovery.Node, plan *
 	changed := false
 	for i := range plan.GPUs {
 		g, gp := &node.GPUs[i], &plan.GPUs[i]
-		if gp.Mode == ModeDevicePlugin {
-			continue // the device plugin serves the GPU as it is, MIG or not
-		}
-		wantMIG := gp.Mode == ModeDynamicMIG || gp.Mode == ModeStaticMIG
-		if wantMIG != g.MigEnabled && (g.MigCapable || wantMIG) {
-			mode := nvml.DEVICE_MIG_DISABLE
-			if wantMIG {
-				mode = nvml.DEVICE_MIG_ENABLE
-			}
-			if err := setMigMode(g, mode); err != nil {
-				return changed, err
-			}
-			logger.Info("Changed MIG mode", "gpu", g.UUID, "index", g.Index, "migEnabled", wantMIG, "rule", gp.Field)
-			changed = true
-		}
-		if gp.Mode == ModeStaticMIG && len(gp.Layout) > 0 && len(g.MigInstances) == 0 {
-			if err := createLayout(ctx, g, gp); err != nil {
-				return changed, err
-			}
-			changed = true
+		c, err := applyGPU(ctx, g, gp, locks)
+		changed = changed || c
+		if err != nil {
+			return changed, err
 		}
 	}
 	return changed, nil
 }
 
+func applyGPU(ctx context.Context, g *discovery.GPU, gp *GPUPlan, locks *gpulock.Locks) (bool, error) {
+	logger := klog.FromContext(ctx)
+	if !gp.Mode.PublishedThroughDRA() || g.Lost {
+		// The device plugin serves the GPU as it is, MIG or not; a lost GPU
+		// does not answer.
+		return false, nil
+	}
+	unlock := locks.Lock(g.UUID)
+	defer unlock()
+	changed := false
+	wantMIG := gp.Mode.NeedsMIGMode()
+	if !gp.Mode.MIGModeFollowsClaims() && wantMIG != g.MigEnabled && (g.MigCapable || wantMIG) {
+		mode := nvml.DEVICE_MIG_DISABLE
+		if wantMIG {
+			mode = nvml.DEVICE_MIG_ENABLE
+		}
+		if err := SetMIGMode(g.Device, mode); err != nil {
+			return false, fmt.Errorf("%s: GPU %d (%s): %w", gp.Field, g.Index, g.UUID, err)
+		}
+		logger.Info("Changed MIG mode", "gpu", g.UUID, "index", g.Index, "migEnabled", wantMIG, "rule", gp.Field)
+		changed = true
+	}
+	if gp.Mode == ModeStaticMIG && len(gp.Layout) > 0 && len(g.MigInstances) == 0 {
+		if err := createLayout(ctx, g, gp); err != nil {
+			return changed, err
+		}
+		changed = true
+	}
+	return changed, nil
+}
+
 func check(g *discovery.GPU, gp *GPUPlan) error {
+	if g.Lost {
+		return nil
+	}
 	switch gp.Mode {
 	case ModeWhole, ModeShared:
 		if g.MigEnabled && len(g.MigInstances) > 0 {
@@ -92,19 +114,42 @@ func instances(in []discovery.MigInstance) string {
 	return strings.Join(out, ", ")
 }
 
-func setMigMode(g *discovery.GPU, mode int) error {
-	ret, _ := g.Device.SetMigMode(mode)
+// ErrResetNeeded is returned (wrapped) when a MIG mode change would only
+// take effect after a GPU reset (processes hold the GPU, or the platform
+// refuses resets).
+var ErrResetNeeded = errors.New("the MIG mode change needs a GPU reset")
+
+// SetMIGMode sets the GPU's MIG mode and checks that it took effect. A
+// change that stays pending is withdrawn again (pending set back to the
+// current mode), so that no later reset surprises the node, and reported as
+// ErrResetNeeded. The caller holds the GPU's lock.
+func SetMIGMode(dev nvml.Device, mode int) error {
+	before, _, ret := dev.GetMigMode()
 	if ret != nvml.SUCCESS {
-		return fmt.Errorf("GPU %d (%s): set MIG mode %d: %w", g.Index, g.UUID, mode, ret)
+		return fmt.Errorf("read MIG mode: %w", ret)
 	}
-	current, pending, ret := g.Device.GetMigMode()
+	ret, activation := dev.SetMigMode(mode)
 	if ret != nvml.SUCCESS {
-		return fmt.Errorf("GPU %d (%s): read MIG mode: %w", g.Index, g.UUID, ret)
+		return fmt.Errorf("set MIG mode %s: %w", migModeName(mode), ret)
 	}
-	if current != mode {
-		return fmt.Errorf("GPU %d (%s): MIG mode is pending (%d, current %d): the GPU needs a reset before it can be offered this way", g.Index, g.UUID, pending, current)
+	current, _, ret := dev.GetMigMode()
+	if ret != nvml.SUCCESS {
+		return fmt.Errorf("read MIG mode: %w", ret)
 	}
-	return nil
+	if current == mode {
+		return nil
+	}
+	if r, _ := dev.SetMigMode(before); r != nvml.SUCCESS {
+		return fmt.Errorf("%w: MIG mode %s is pending (activation: %v) and withdrawing it failed: %v", ErrResetNeeded, migModeName(mode), activation, r)
+	}
+	return fmt.Errorf("%w: MIG mode %s did not take effect (activation: %v; processes such as nvidia-persistenced or DCGM may hold the GPU); the request was withdrawn", ErrResetNeeded, migModeName(mode), activation)
+}
+
+func migModeName(mode int) string {
+	if mode == nvml.DEVICE_MIG_ENABLE {
+		return "enabled"
+	}
+	return "disabled"
 }
 
 func createLayout(ctx context.Context, g *discovery.GPU, gp *GPUPlan) error {

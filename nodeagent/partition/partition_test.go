@@ -2,6 +2,7 @@ package partition_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 
@@ -137,12 +138,14 @@ default:
 	if err != nil {
 		t.Fatal(err)
 	}
-	changed, err := partition.Apply(ctx, lib, node, plan)
+	changed, err := partition.Apply(ctx, lib, node, plan, nil)
 	if err != nil || !changed {
 		t.Fatalf("Apply: changed=%v err=%v", changed, err)
 	}
 	node = discover(t, lib)
-	if !node.GPUs[0].MigEnabled || !node.GPUs[1].MigEnabled || node.GPUs[2].MigEnabled {
+	// Static MIG needs MIG mode; a dynamic-MIG GPU's mode follows its
+	// claims (the kubelet plugin sets it), so Apply leaves it off.
+	if !node.GPUs[0].MigEnabled || node.GPUs[1].MigEnabled || node.GPUs[2].MigEnabled {
 		t.Fatalf("MIG modes %v %v %v", node.GPUs[0].MigEnabled, node.GPUs[1].MigEnabled, node.GPUs[2].MigEnabled)
 	}
 	var got []string
@@ -154,14 +157,18 @@ default:
 	}
 	// Applying again changes nothing.
 	plan, _ = partition.Resolve(cfg, nil, node)
-	if changed, err := partition.Apply(ctx, lib, node, plan); err != nil || changed {
+	if changed, err := partition.Apply(ctx, lib, node, plan, nil); err != nil || changed {
 		t.Fatalf("second Apply: changed=%v err=%v", changed, err)
 	}
 	// A config that wants GPU 0 whole is refused while instances exist, and
-	// nothing else is changed (GPU 1 keeps MIG mode).
+	// nothing else is changed (GPU 1 keeps its MIG mode).
+	if err := lib.(*nvmlbackend.Mock).GPUs()[1].EnableMIG(); err != nil {
+		t.Fatal(err)
+	}
+	node = discover(t, lib)
 	whole, _ := partition.Parse([]byte("default: {gpus: [{mode: whole}]}"))
 	plan, _ = partition.Resolve(whole, nil, node)
-	if _, err := partition.Apply(ctx, lib, node, plan); err == nil || !strings.Contains(err.Error(), "has 3 MIG instances") {
+	if _, err := partition.Apply(ctx, lib, node, plan, nil); err == nil || !strings.Contains(err.Error(), "has 3 MIG instances") {
 		t.Fatalf("Apply whole over instances: %v", err)
 	}
 	if node2 := discover(t, lib); !node2.GPUs[1].MigEnabled {
@@ -170,7 +177,7 @@ default:
 	// A different layout over existing instances is refused too.
 	other, _ := partition.Parse([]byte("default: {gpus: [{indices: [0], mode: staticMIG, layout: [{profile: 7g.80gb}]}]}"))
 	plan, _ = partition.Resolve(other, nil, node)
-	if _, err := partition.Apply(ctx, lib, node, plan); err == nil || !strings.Contains(err.Error(), "not the configured layout") {
+	if _, err := partition.Apply(ctx, lib, node, plan, nil); err == nil || !strings.Contains(err.Error(), "not the configured layout") {
 		t.Fatalf("Apply other layout: %v", err)
 	}
 }
@@ -188,7 +195,7 @@ func TestApplyUndoesAFailedLayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = partition.Apply(ctx, lib, node, plan)
+	_, err = partition.Apply(ctx, lib, node, plan, nil)
 	if err == nil || !strings.Contains(err.Error(), "default.gpus[0].layout: GPU 0: create 1g.5gb at memory slice 2: ERROR_UNKNOWN") {
 		t.Fatalf("Apply: %v", err)
 	}
@@ -225,13 +232,13 @@ func FuzzParse(f *testing.F) {
 func TestApplyLeavesDevicePluginGPUsAlone(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	lib, _ := nvmlbackend.Open("mock:dgxh100?gpus=2")
-	dyn, _ := partition.Parse([]byte("default: {gpus: [{mode: dynamicMIG}]}"))
+	dyn, _ := partition.Parse([]byte("default: {gpus: [{mode: staticMIG}]}"))
 	node := discover(t, lib)
 	plan, err := partition.Resolve(dyn, nil, node)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := partition.Apply(ctx, lib, node, plan); err != nil {
+	if _, err := partition.Apply(ctx, lib, node, plan, nil); err != nil {
 		t.Fatal(err)
 	}
 	dp, err := partition.Parse([]byte("default: {gpus: [{indices: [0], mode: devicePlugin}, {indices: [1], mode: whole}]}"))
@@ -243,7 +250,7 @@ func TestApplyLeavesDevicePluginGPUsAlone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := partition.Apply(ctx, lib, node, plan); err != nil {
+	if _, err := partition.Apply(ctx, lib, node, plan, nil); err != nil {
 		t.Fatal(err)
 	}
 	node = discover(t, lib)
@@ -252,5 +259,28 @@ func TestApplyLeavesDevicePluginGPUsAlone(t *testing.T) {
 	}
 	if _, err := partition.Parse([]byte("default: {gpus: [{mode: devicePlugin, profiles: [1g.10gb]}]}")); err == nil || !strings.Contains(err.Error(), "default.gpus[0].profiles") {
 		t.Fatalf("profiles with devicePlugin: %v", err)
+	}
+}
+
+// TestApplyWithdrawsAMIGModeChangeThatNeedsAReset: on a GPU that processes
+// hold, turning MIG mode on would only take effect after a reset; Apply
+// reports it and leaves no pending change behind.
+func TestApplyWithdrawsAMIGModeChangeThatNeedsAReset(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	mock, _ := nvmlbackend.NewMock("dgxh100", 1)
+	gpu := mock.GPUs()[0]
+	_ = mock.HoldGPU(gpu.UUID, 1) // nvidia-persistenced
+	cfg, _ := partition.Parse([]byte("default: {gpus: [{mode: staticMIG}]}"))
+	node := discover(t, mock)
+	plan, err := partition.Resolve(cfg, nil, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = partition.Apply(ctx, mock, node, plan, nil)
+	if !errors.Is(err, partition.ErrResetNeeded) || !strings.Contains(err.Error(), "default.gpus[0]: GPU 0") {
+		t.Fatalf("Apply: %v, want ErrResetNeeded naming the rule and GPU", err)
+	}
+	if st := gpu.MIGMode(); st.Current || st.Pending {
+		t.Fatalf("MIG mode %+v left behind", st)
 	}
 }

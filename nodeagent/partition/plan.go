@@ -15,7 +15,7 @@ import (
 func (p *Plan) DevicePluginGPUs() []int {
 	var out []int
 	for _, g := range p.GPUs {
-		if g.Mode == ModeDevicePlugin {
+		if !g.Mode.PublishedThroughDRA() {
 			out = append(out, g.Index)
 		}
 	}
@@ -118,11 +118,8 @@ func describe(g *discovery.GPU) string {
 
 func resolveRule(r *GPURule, rp *field.Path, g *discovery.GPU, gp *GPUPlan) field.ErrorList {
 	var errs field.ErrorList
-	switch r.Mode {
-	case ModeDynamicMIG, ModeStaticMIG:
-		if !g.MigCapable || len(g.MigProfiles) == 0 {
-			return field.ErrorList{field.Invalid(rp.Child("mode"), r.Mode, describe(g)+" does not support MIG")}
-		}
+	if r.Mode.NeedsMIGMode() && (!g.MigCapable || len(g.MigProfiles) == 0) {
+		return field.ErrorList{field.Invalid(rp.Child("mode"), r.Mode, describe(g)+" does not support MIG")}
 	}
 	supported := strings.Join(g.ProfileNames(), ", ")
 	switch r.Mode {

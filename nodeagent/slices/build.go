@@ -4,6 +4,7 @@ package slices
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 
@@ -43,6 +44,41 @@ type Features struct {
 // AllFeatures is what a current cluster serves.
 var AllFeatures = Features{PartitionableDevices: true, ConsumableCapacity: true, DeviceTaints: true}
 
+// The DRA feature gates the features stand for (contract.Mode.RequiredFeatures
+// names them; the API server's DroppedFieldsError does too).
+const (
+	FeaturePartitionableDevices = "DRAPartitionableDevices"
+	FeatureConsumableCapacity   = "DRAConsumableCapacity"
+	FeatureDeviceTaints         = "DRADeviceTaints"
+)
+
+// Has says whether the cluster serves the named feature gate; unknown names
+// are assumed served.
+func (f Features) Has(gate string) bool {
+	switch gate {
+	case FeaturePartitionableDevices:
+		return f.PartitionableDevices
+	case FeatureConsumableCapacity:
+		return f.ConsumableCapacity
+	case FeatureDeviceTaints:
+		return f.DeviceTaints
+	}
+	return true
+}
+
+// Without returns the features with the named feature gate turned off.
+func (f Features) Without(gate string) Features {
+	switch gate {
+	case FeaturePartitionableDevices:
+		f.PartitionableDevices = false
+	case FeatureConsumableCapacity:
+		f.ConsumableCapacity = false
+	case FeatureDeviceTaints:
+		f.DeviceTaints = false
+	}
+	return f
+}
+
 // Input is what a pool is built from.
 type Input struct {
 	Node     *discovery.Node
@@ -50,6 +86,8 @@ type Input struct {
 	Features Features
 	// Unhealthy lists the current unhealthy conditions (health.Broadcaster.Unhealthy).
 	Unhealthy []health.Event
+	// Withdrawn lists, by GPU UUID, device types not to publish for now.
+	Withdrawn map[string][]contract.DeviceType
 }
 
 // Counts are the published devices by type.
@@ -57,6 +95,17 @@ type Counts struct {
 	Whole  int `json:"whole"`
 	MIG    int `json:"mig"`
 	Shared int `json:"shared"`
+}
+
+func (c *Counts) sub(t contract.DeviceType) {
+	switch t {
+	case contract.TypeGPU:
+		c.Whole--
+	case contract.TypeMIG:
+		c.MIG--
+	case contract.TypeShared:
+		c.Shared--
+	}
 }
 
 // Result is a built pool.
@@ -128,36 +177,50 @@ func Build(in Input) Result {
 			// Served as an extended resource by the device plugin: never
 			// published, so no DRA claim can get it too.
 		}
+		if w := in.Withdrawn[g.UUID]; len(w) > 0 {
+			kept := devs[:0]
+			for _, d := range devs {
+				if !slices.Contains(w, contract.TypeOf(&d)) {
+					kept = append(kept, d)
+				} else {
+					res.Counts.sub(contract.TypeOf(&d))
+				}
+			}
+			devs = kept
+		}
 		t := taints[g.UUID]
-		if len(t) > 0 {
-			for j := range devs {
+		advanced := len(t) > 0
+		for j := range devs {
+			if len(t) > 0 {
 				devs[j].Taints = append([]resourceapi.DeviceTaint(nil), t...)
 			}
+			advanced = advanced || len(devs[j].ConsumesCounters) > 0
 		}
 		if len(devs) > 0 {
-			groups = append(groups, group{devices: devs, advanced: len(t) > 0 || mode == partition.ModeDynamicMIG})
+			groups = append(groups, group{devices: devs, advanced: advanced})
 		}
 	}
 
-	var slices []resourceslice.Slice
+	var out []resourceslice.Slice
 	for len(counterSets) > 0 {
 		n := min(len(counterSets), maxCounterSets)
-		slices = append(slices, resourceslice.Slice{SharedCounters: counterSets[:n]})
+		out = append(out, resourceslice.Slice{SharedCounters: counterSets[:n]})
 		counterSets = counterSets[n:]
 	}
-	slices = append(slices, pack(groups)...)
-	if len(slices) == 0 {
+	out = append(out, pack(groups)...)
+	if len(out) == 0 {
 		// An empty pool says "the driver runs and has no devices", which
 		// differs from no pool at all.
-		slices = append(slices, resourceslice.Slice{})
+		out = append(out, resourceslice.Slice{})
 	}
-	res.Pool = resourceslice.Pool{Slices: slices}
+	res.Pool = resourceslice.Pool{Slices: out}
 	return res
 }
 
-// Degrade returns the plan as the cluster can serve it: dynamic-MIG GPUs
-// are offered whole without partitionable devices, shared GPUs whole without
-// consumable capacity. It explains every change; the plan given is not
+// Degrade returns the plan as the cluster can serve it: a GPU whose mode
+// needs a DRA feature the cluster lacks (contract.Mode.RequiredFeatures:
+// partitionable devices for dynamic MIG, consumable capacity for shared
+// GPUs) is offered whole. It explains every change; the plan given is not
 // modified. The agent applies it before preparing MIG state, so that a GPU
 // offered whole is not left in MIG mode.
 func Degrade(node *discovery.Node, plan *partition.Plan, f Features) (*partition.Plan, []string) {
@@ -173,16 +236,22 @@ func Degrade(node *discovery.Node, plan *partition.Plan, f Features) (*partition
 		if g, ok := node.GPUByUUID(gp.UUID); ok {
 			what = fmt.Sprintf("GPU %d (%s, %s)", g.Index, g.ProductName, g.UUID)
 		}
-		switch {
-		case gp.Mode == partition.ModeDynamicMIG && !f.PartitionableDevices:
-			reasons = append(reasons, what+" is offered whole instead of dynamic MIG: the cluster does not serve partitionable devices (DRAPartitionableDevices)")
-			gp.Mode, gp.Profiles = partition.ModeWhole, nil
-		case gp.Mode == partition.ModeShared && !f.ConsumableCapacity:
-			reasons = append(reasons, what+" is offered whole instead of shared: the cluster does not serve consumable capacity (DRAConsumableCapacity)")
-			gp.Mode = partition.ModeWhole
+		for _, gate := range gp.Mode.RequiredFeatures() {
+			if f.Has(gate) {
+				continue
+			}
+			reasons = append(reasons, fmt.Sprintf("%s is offered whole instead of %s: the cluster does not serve %s (%s)", what, gp.Mode, featureDescription[gate], gate))
+			gp.Mode, gp.Profiles, gp.Layout, gp.Shared = partition.ModeWhole, nil, nil, partition.SharedPlan{}
+			break
 		}
 	}
 	return &out, reasons
+}
+
+var featureDescription = map[string]string{
+	FeaturePartitionableDevices: "partitionable devices",
+	FeatureConsumableCapacity:   "consumable capacity",
+	FeatureDeviceTaints:         "device taints",
 }
 
 // pack puts groups into slices of at most 128 devices, or 64 where a device
@@ -298,6 +367,9 @@ func gpuAttributes(n *discovery.Node, g *discovery.GPU, typ contract.DeviceType)
 	}
 	if g.PCIBusID != "" {
 		a[contract.AttrPCIBusID] = str(g.PCIBusID)
+	}
+	if g.PCIeRoot != "" {
+		a[contract.AttrPCIeRoot] = str(g.PCIeRoot)
 	}
 	return a
 }
@@ -419,6 +491,9 @@ func migDevice(n *discovery.Node, g *discovery.GPU, p discovery.MigProfile, pl d
 	a[contract.AttrProfile] = str(profileName)
 	a[contract.AttrPlacementStart] = integer(pl.Start)
 	a[contract.AttrPlacementSize] = integer(pl.Size)
+	// With the parent's slice count a MIG device is priced in GPU units
+	// without counters (static MIG: contract.DeviceUnits).
+	a[contract.AttrParentMemorySlices] = integer(g.MemorySlices)
 	d := resourceapi.Device{
 		Name:       devicename.MIG(g.Minor, profileName, pl.Start),
 		Attributes: a,
