@@ -48,7 +48,6 @@ func runOn(t *testing.T, client kubernetes.Interface, lib *nvmlbackend.Mock, nod
 	return a, stop
 }
 
-
 // wholeDevices returns the published whole GPUs by UUID with their taints.
 func wholeDevices(s []resourceapi.ResourceSlice) map[string][]resourceapi.DeviceTaint {
 	out := map[string][]resourceapi.DeviceTaint{}
