@@ -9,8 +9,10 @@ import (
 
 // Component runs the plugin beside the node agent (agent.Options.Components):
 // it takes the agent's node name, NVML library, discovery snapshots (fresh
-// for every prepare) and health broadcaster, and stops the plugin when the agent stops. opts carries the
-// rest (KubeClient, directories, executor, rolling-update UID).
+// for every prepare), health broadcaster, per-GPU locks and driver roots,
+// tells the agent which devices to withdraw, and stops the plugin when the
+// agent stops. opts carries the rest (KubeClient, directories, executor,
+// rolling-update UID).
 func Component(opts Options) agent.Component {
 	return func(ctx context.Context, a *agent.Agent) error {
 		opts.NodeName = a.NodeName()
@@ -21,6 +23,12 @@ func Component(opts Options) agent.Component {
 			return n
 		}
 		opts.Health = a.Health()
+		opts.GPULocks = a.GPULocks()
+		opts.Withdraw = a.Withdraw
+		if opts.Roots == nil {
+			roots := a.Roots()
+			opts.Roots = &roots
+		}
 		p, err := Start(ctx, opts)
 		if err != nil {
 			return err

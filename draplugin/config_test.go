@@ -35,7 +35,7 @@ func TestConfigResolution(t *testing.T) {
 		allocConfig(resourceapi.AllocationConfigSourceClass, []string{"gpu"}, migMPS), // class config for another kind: ignored
 		{DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: "other.example.com", Parameters: runtime.RawExtension{Raw: []byte(`not json`)}}}},
 	}
-	configs, err := decodeConfigs(in)
+	configs, err := decodeConfigs(in, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,22 +48,44 @@ func TestConfigResolution(t *testing.T) {
 		t.Errorf("unused class config reported: %v", err)
 	}
 	// The same MigDeviceConfig from the claim is a mistake.
-	configs, _ = decodeConfigs([]resourceapi.DeviceAllocationConfiguration{allocConfig(resourceapi.AllocationConfigSourceClaim, nil, migMPS)})
+	configs, _ = decodeConfigs([]resourceapi.DeviceAllocationConfiguration{allocConfig(resourceapi.AllocationConfigSourceClaim, nil, migMPS)}, nil)
 	used = make([]bool, 1)
 	configFor(configs, used, "gpu", configapi.GpuConfigKind)
 	if err := unusedConfig(configs, used); err == nil || !strings.Contains(err.Error(), "config[0] (from FromClaim): the MigDeviceConfig configures none") {
 		t.Errorf("err = %v", err)
 	}
 	// A subrequest matches a config for its parent request.
-	configs, _ = decodeConfigs([]resourceapi.DeviceAllocationConfiguration{allocConfig(resourceapi.AllocationConfigSourceClaim, []string{"gpu"}, tsLong)})
+	configs, _ = decodeConfigs([]resourceapi.DeviceAllocationConfiguration{allocConfig(resourceapi.AllocationConfigSourceClaim, []string{"gpu"}, tsLong)}, nil)
 	used = make([]bool, 1)
 	if configFor(configs, used, "gpu/big", configapi.GpuConfigKind) == nil {
 		t.Error("config for request gpu does not apply to subrequest gpu/big")
 	}
 	// Bad parameters name the config.
-	_, err = decodeConfigs([]resourceapi.DeviceAllocationConfiguration{allocConfig(resourceapi.AllocationConfigSourceClass, nil, `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{}}`)})
+	_, err = decodeConfigs([]resourceapi.DeviceAllocationConfiguration{allocConfig(resourceapi.AllocationConfigSourceClass, nil, `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{}}`)}, nil)
 	if err == nil || !strings.Contains(err.Error(), "config[0] (from FromClass)") || !strings.Contains(err.Error(), "sharing.strategy") {
 		t.Errorf("err = %v", err)
+	}
+}
+
+// TestNVIDIADriverConfigIsNotSkipped: a config left addressed to NVIDIA's
+// driver in a claim of tessera's devices is an error naming it; NVIDIA's
+// kinds addressed to tessera are accepted.
+func TestNVIDIADriverConfigIsNotSkipped(t *testing.T) {
+	nvidiaMPS := `{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig","sharing":{"strategy":"MPS","mpsConfig":{"defaultActiveThreadPercentage":40}}}`
+	ported := allocConfig(resourceapi.AllocationConfigSourceClaim, nil, nvidiaMPS)
+	ported.Opaque.Driver = configapi.NVIDIADriverName
+	ours := []resourceapi.DeviceRequestAllocationResult{{Request: "gpu", Driver: DriverName, Pool: "node", Device: "gpu-0"}}
+	if _, err := decodeConfigs([]resourceapi.DeviceAllocationConfiguration{ported}, ours); err == nil || !strings.Contains(err.Error(), "config[0] (from FromClaim) is for driver gpu.nvidia.com") || !strings.Contains(err.Error(), "set opaque.driver to gpu.tessera.dev") {
+		t.Fatalf("ported config: %v", err)
+	}
+	// A claim that really has devices of both drivers keeps NVIDIA's for NVIDIA.
+	both := append(ours, resourceapi.DeviceRequestAllocationResult{Request: "other", Driver: configapi.NVIDIADriverName, Pool: "node", Device: "gpu-0"})
+	if configs, err := decodeConfigs([]resourceapi.DeviceAllocationConfiguration{ported}, both); err != nil || len(configs) != 0 {
+		t.Fatalf("mixed claim: %v %v", configs, err)
+	}
+	configs, err := decodeConfigs([]resourceapi.DeviceAllocationConfiguration{allocConfig(resourceapi.AllocationConfigSourceClaim, nil, nvidiaMPS)}, ours)
+	if err != nil || len(configs) != 1 || *configs[0].config.(*configapi.GpuConfig).Sharing.MPS.ActiveThreadPercentage != 40 {
+		t.Fatalf("NVIDIA kind for tessera: %v %v", configs, err)
 	}
 }
 

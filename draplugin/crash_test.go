@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
@@ -194,7 +195,8 @@ func TestCorruptCheckpoint(t *testing.T) {
 	if err := os.WriteFile(path, raw, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	// An orphan: a MIG instance on GPU 1 that no claim owns.
+	// A MIG instance on GPU 1 that no claim owns and tessera did not create
+	// (an administrator's): kept.
 	e.createStaticMIG(1, "3g.40gb", 4)
 
 	p2 := e.start()
@@ -205,8 +207,8 @@ func TestCorruptCheckpoint(t *testing.T) {
 	if got := p2.PreparedClaims(); !reflect.DeepEqual(got, []types.UID{c.UID}) {
 		t.Fatalf("prepared claims after rebuild = %v, want %v", got, c.UID)
 	}
-	if got := e.migInstances(); len(got) != 1 || !strings.HasPrefix(got[0], "gpu0:") {
-		t.Errorf("MIG instances = %v, want only the claim's on GPU 0", got)
+	if got := e.migInstances(); len(got) != 2 || !strings.HasPrefix(got[0], "gpu0:") || got[1] != "gpu1:3g.40gb@4" {
+		t.Errorf("MIG instances = %v, want the claim's on GPU 0 and the administrator's on GPU 1", got)
 	}
 	if _, err := checkpoint.Read(path); err != nil {
 		t.Errorf("rebuilt checkpoint unreadable: %v", err)
@@ -215,13 +217,15 @@ func TestCorruptCheckpoint(t *testing.T) {
 	if err != nil || res[c.UID] != nil {
 		t.Fatal(err, res)
 	}
-	if got := e.migInstances(); len(got) != 0 {
-		t.Errorf("MIG instances after unprepare = %v", got)
+	if got := e.migInstances(); !reflect.DeepEqual(got, []string{"gpu1:3g.40gb@4"}) {
+		t.Errorf("MIG instances after unprepare = %v, want the administrator's", got)
 	}
 }
 
 // TestForeignBootCheckpoint: after a reboot the checkpoint is discarded
-// with its MIG instances and CDI specs.
+// with its CDI specs, and nothing is destroyed: the previous boot's
+// instances died with it, and an instance that now sits at the recorded
+// placement (same GPU instance ID) is someone else's.
 func TestForeignBootCheckpoint(t *testing.T) {
 	e := newEnv(t)
 	c := e.claim("old", []request{{name: "mig", class: "mig", selector: `device.attributes["gpu.tessera.dev"].index == 1`}})
@@ -230,14 +234,30 @@ func TestForeignBootCheckpoint(t *testing.T) {
 		t.Fatal(err, res)
 	}
 	p1.Stop()
-	if len(e.migInstances()) != 1 || len(e.specFiles()) != 1 {
-		t.Fatalf("setup: %v %v", e.migInstances(), e.specFiles())
+	before := e.lib.GPUs()[1].Instances()
+	if len(before) != 1 || len(e.specFiles()) != 1 {
+		t.Fatalf("setup: %v %v", before, e.specFiles())
+	}
+	// The reboot: MIG instances are gone (MIG mode stays), then an
+	// administrator creates an instance of the same profile at the same
+	// placement, which gets the recorded GPU instance ID.
+	for _, g := range e.lib.GPUs() {
+		if ret := e.lib.ResetGPU(g.UUID); ret != nvml.SUCCESS {
+			t.Fatal(ret)
+		}
+	}
+	admin, err := e.lib.GPUs()[1].CreateInstance(before[0].Profile, before[0].Start)
+	if err != nil || admin.GIID != before[0].GIID {
+		t.Fatalf("the administrator's instance %+v (%v), want GPU instance %d", admin, err, before[0].GIID)
 	}
 	e.bootID = "boot-2"
 	p2 := e.start()
 	st := e.state(p2)
-	if len(st.migs)+len(st.specs)+len(st.recorded) != 0 {
+	if len(st.specs)+len(st.recorded) != 0 {
 		t.Fatalf("foreign-boot state survived: %+v", st)
+	}
+	if got := e.lib.GPUs()[1].Instances(); len(got) != 1 || got[0].UUID != admin.UUID {
+		t.Fatalf("instances after the restart %v, want the administrator's %v", got, admin)
 	}
 	cp, err := checkpoint.Read(filepath.Join(e.pluginDir, "checkpoint.json"))
 	if err != nil || cp.BootID != "boot-2" {
@@ -245,12 +265,12 @@ func TestForeignBootCheckpoint(t *testing.T) {
 	}
 }
 
-// TestStaticMIGKept: with DestroyRecorded an administrator's MIG instance
-// survives a restart, can be prepared and is not destroyed at unprepare.
+// TestStaticMIGKept: an administrator's MIG instance survives the
+// plugin's start, can be prepared and is not destroyed at unprepare.
 func TestStaticMIGKept(t *testing.T) {
 	e := newEnv(t)
 	e.createStaticMIG(1, "1g.10gb", 6)
-	p := e.start(func(o *Options) { o.OrphanMIG = DestroyRecorded })
+	p := e.start()
 	c := e.claim("static", []request{{name: "mig", class: "mig", selector: `device.attributes["gpu.tessera.dev"].index == 1 && device.attributes["gpu.tessera.dev"].placementStart == 6 && device.attributes["gpu.tessera.dev"].profile == "1g.10gb"`}})
 	res, err := p.PrepareResourceClaims(e.ctx, []*resourceapi.ResourceClaim{c})
 	if err != nil || res[c.UID].Err != nil {

@@ -110,6 +110,9 @@ func newEnvWith(t testing.TB, gpus int, config string) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The machine's driver installation (DriverRoot) goes at shutdown,
+	// after the agent and the plugins stopped (cleanups run last first).
+	t.Cleanup(func() { _ = e.lib.Shutdown() })
 	nodeObj := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: e.nodeName}}
 	if _, err := e.client.CoreV1().Nodes().Create(ctx, nodeObj, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -192,8 +195,8 @@ func (e *env) options() Options {
 		CDIDir:       e.cdiDir,
 		MPSDir:       e.mpsDir,
 		BootID:       e.bootID,
-		// Computed capability minors: the test machine has no driver.
-		MIGMinorsFile: filepath.Join(e.pluginDir, "no-mig-minors"),
+		GPULocks:     e.agent.GPULocks(),
+		Withdraw:     e.agent.Withdraw,
 	}
 }
 
@@ -440,12 +443,12 @@ func (e *env) migInstances() []string {
 	return out
 }
 
-// specFiles lists the CDI spec files.
+// specFiles lists the claims' CDI spec files (not the base spec).
 func (e *env) specFiles() []string {
 	entries, _ := os.ReadDir(e.cdiDir)
 	var out []string
 	for _, en := range entries {
-		if strings.HasSuffix(en.Name(), ".json") {
+		if strings.HasSuffix(en.Name(), ".json") && strings.Contains(en.Name(), "-claim_") {
 			out = append(out, en.Name())
 		}
 	}
@@ -456,7 +459,13 @@ func (e *env) specFiles() []string {
 // administrator does with nvidia-smi.
 func (e *env) createStaticMIG(minor int, profile string, start int) {
 	e.t.Helper()
-	if _, err := e.lib.GPUs()[minor].CreateInstance(profile, uint32(start)); err != nil {
+	g := e.lib.GPUs()[minor]
+	if !g.MIGMode().Current {
+		if err := g.EnableMIG(); err != nil { // nvidia-smi -i <minor> -mig 1
+			e.t.Fatal(err)
+		}
+	}
+	if _, err := g.CreateInstance(profile, uint32(start)); err != nil {
 		e.t.Fatal(err)
 	}
 }

@@ -11,7 +11,9 @@ import (
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	oci "github.com/opencontainers/runtime-spec/specs-go"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/tessera-gpu/tessera/draplugin/cdi"
@@ -71,16 +73,17 @@ func TestKubeletPrepareUnprepare(t *testing.T) {
 	if len(wr.Devices) != 1 || wr.Devices[0].DeviceName != "gpu-3" || wr.Devices[0].PoolName != e.nodeName {
 		t.Fatalf("whole devices = %+v", wr.Devices)
 	}
-	wantID := "k8s.gpu.tessera.dev/claim=" + string(whole.UID) + "-gpu-3"
-	if !reflect.DeepEqual(wr.Devices[0].CdiDeviceIds, []string{wantID}) {
-		t.Errorf("CDI IDs = %v, want %s", wr.Devices[0].CdiDeviceIds, wantID)
+	wantIDs := []string{cdi.BaseID, "k8s.gpu.tessera.dev/claim=" + string(whole.UID) + "-gpu-3"}
+	if !reflect.DeepEqual(wr.Devices[0].CdiDeviceIds, wantIDs) {
+		t.Errorf("CDI IDs = %v, want %v", wr.Devices[0].CdiDeviceIds, wantIDs)
 	}
 	spec := e.readSpec(string(whole.UID))
-	if got := nodePaths(spec.Devices[0].ContainerEdits); !reflect.DeepEqual(got, []string{"/dev/nvidia3"}) {
-		t.Errorf("whole GPU device nodes = %v", got)
+	if n := spec.Devices[0].ContainerEdits.DeviceNodes; len(n) != 1 || n[0].Path != "/dev/nvidia3" || n[0].Type != "c" || n[0].Major != 195 || n[0].Minor != 3 {
+		t.Errorf("whole GPU device nodes = %+v", n)
 	}
-	if got := nodePaths(spec.ContainerEdits); !reflect.DeepEqual(got, cdi.DefaultControlNodes) {
-		t.Errorf("control nodes = %v", got)
+	g3, _ := e.node.GPUByMinor(3)
+	if v := e.containerView(wr.Devices[0].CdiDeviceIds...); !reflect.DeepEqual(v.UUIDs(), []string{g3.UUID}) || len(v.Problems) != 0 {
+		t.Errorf("a container given the whole GPU sees %+v", v)
 	}
 
 	// MIG: created at exactly the allocated placement.
@@ -100,9 +103,13 @@ func TestKubeletPrepareUnprepare(t *testing.T) {
 	}
 	gi := onlyGI(t, e, 1)
 	mspec := e.readSpec(string(migc.UID))
-	wantNodes := []string{"/dev/nvidia1", "/dev/nvidia-caps/nvidia-cap" + itoa(3+1*135+int(gi.GIID)*9), "/dev/nvidia-caps/nvidia-cap" + itoa(3+1*135+int(gi.GIID)*9+1)}
+	giMinor, ciMinor := nvmlbackend.CapMinors(1, gi.GIID)
+	wantNodes := []string{"/dev/nvidia1", "/dev/nvidia-caps/nvidia-cap" + itoa(giMinor), "/dev/nvidia-caps/nvidia-cap" + itoa(ciMinor(gi.CIID))}
 	if got := nodePaths(mspec.Devices[0].ContainerEdits); !reflect.DeepEqual(got, wantNodes) {
 		t.Errorf("MIG device nodes = %v, want %v", got, wantNodes)
+	}
+	if v := e.containerView(mr.Devices[0].CdiDeviceIds...); !reflect.DeepEqual(v.UUIDs(), []string{gi.UUID}) {
+		t.Errorf("a container given the MIG device sees %+v, want exactly %s", v, gi.UUID)
 	}
 
 	// Shared: MPS daemon for GPU 2 and the claim's limits in its env.
@@ -158,6 +165,25 @@ func TestKubeletPrepareUnprepare(t *testing.T) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// containerView is what the model says a CUDA process sees in a container
+// whose runtime injected these CDI devices (resolved by a fresh CDI cache
+// over the plugin's spec directory, as a runtime's).
+func (e *env) containerView(ids ...string) nvmlbackend.ContainerView {
+	e.t.Helper()
+	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(e.cdiDir), cdiapi.WithAutoRefresh(false))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if errs := cache.GetErrors(); len(errs) > 0 {
+		e.t.Fatalf("CDI spec errors: %v", errs)
+	}
+	spec := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}
+	if unresolved, err := cache.InjectDevices(spec, ids...); err != nil {
+		e.t.Fatalf("inject %v: %v (unresolved %v)", ids, err, unresolved)
+	}
+	return e.lib.ContainerView(spec)
+}
 
 func onlyGI(t *testing.T, e *env, minor int) nvmlbackend.Instance {
 	t.Helper()

@@ -17,7 +17,9 @@ import (
 	"github.com/tessera-gpu/tessera/draplugin/checkpoint"
 	"github.com/tessera-gpu/tessera/draplugin/executor"
 	"github.com/tessera-gpu/tessera/nodeagent/discovery"
+	"github.com/tessera-gpu/tessera/nodeagent/gpulock"
 	"github.com/tessera-gpu/tessera/nodeagent/health"
+	"github.com/tessera-gpu/tessera/nodeagent/nvmlbackend"
 
 	"github.com/tessera-gpu/tessera/contract"
 )
@@ -35,19 +37,26 @@ const (
 	DefaultMPSDir = "/run/tessera/mps"
 )
 
-// OrphanMIGPolicy says which MIG instances startup reconciliation destroys.
+// OrphanMIGPolicy says what startup reconciliation does with MIG instances
+// that no prepared claim holds. Instances tessera did not create (static
+// layouts, an administrator's) are never destroyed under any policy.
 type OrphanMIGPolicy string
 
 const (
-	// DestroyUnowned destroys every GPU instance on a MIG-enabled GPU that
-	// no prepared claim owns. Right for nodes where all MIG devices are
-	// created on demand (the default).
-	DestroyUnowned OrphanMIGPolicy = "DestroyUnowned"
-	// DestroyRecorded destroys only instances that the plugin's own
-	// records say it created, and keeps instances an administrator made
-	// (static MIG devices).
-	DestroyRecorded OrphanMIGPolicy = "DestroyRecorded"
+	// OrphanDestroy (the default) destroys the instances the plugin's
+	// records say it created in this boot and no prepared claim holds, with
+	// an OrphanMIGDestroyed event each.
+	OrphanDestroy OrphanMIGPolicy = "destroy"
+	// OrphanKeep keeps them, with an OrphanMIGKept event each.
+	OrphanKeep OrphanMIGPolicy = "keep"
+	// OrphanReport keeps them and also reports every instance no claim
+	// holds that tessera did not create (ForeignMIGFound), for an operator
+	// taking over a node.
+	OrphanReport OrphanMIGPolicy = "report"
 )
+
+// OrphanMIGPolicies lists the policies, for flags.
+var OrphanMIGPolicies = []OrphanMIGPolicy{OrphanDestroy, OrphanKeep, OrphanReport}
 
 // Options configure the plugin.
 type Options struct {
@@ -76,9 +85,24 @@ type Options struct {
 	// MPSDir holds the MPS daemons' pipe and log directories (default
 	// /run/tessera/mps).
 	MPSDir string
-	// MIGMinorsFile is the driver's MIG capability table (default
-	// /proc/driver/nvidia-caps/mig-minors; computed when missing).
-	MIGMinorsFile string
+	// Roots are where the driver installation is, as tessera-node sees it
+	// (nil: nvmlbackend.RootsOf(NVML): the host's, or a mock machine's own):
+	// nvcdi finds libraries and binaries under Roots.Driver and device nodes
+	// under Roots.Dev; /proc/devices and the MIG capability table are read
+	// under Roots.Proc.
+	Roots *nvmlbackend.Roots
+	// HostDriverRoot is Roots.Driver as the container runtime on the host
+	// sees it (default Roots.Driver): spec host paths are written for it.
+	HostDriverRoot string
+	// CDIHookPath is nvidia-cdi-hook on the host (default /usr/bin/nvidia-cdi-hook).
+	CDIHookPath string
+	// GPULocks are shared with the node agent so that the agent's MIG
+	// changes and the plugin's never interleave on one GPU (nil: own locks).
+	GPULocks *gpulock.Locks
+	// Withdraw, when set, is told that a GPU's devices of some types cannot
+	// be prepared until a GPU reset (its MIG mode cannot change); the node
+	// agent then stops publishing them.
+	Withdraw func(gpuUUID string, types []contract.DeviceType, reason string)
 
 	// Executor runs nvidia-smi and nvidia-cuda-mps-control (default: child
 	// processes found on PATH).
@@ -98,8 +122,8 @@ type Options struct {
 	RollingUpdateUID types.UID
 	// BootID of this node boot (default: read from /proc).
 	BootID string
-	// OrphanMIG selects which MIG instances reconciliation destroys
-	// (default DestroyUnowned).
+	// OrphanMIG is what reconciliation does with MIG instances the plugin
+	// created that no claim holds (default OrphanDestroy).
 	OrphanMIG OrphanMIGPolicy
 	// Registry receives the plugin's metrics (one plugin per registry);
 	// default: a registry of its own, see Plugin.Registry.
@@ -146,10 +170,17 @@ func (o *Options) complete() error {
 	}
 	switch o.OrphanMIG {
 	case "":
-		o.OrphanMIG = DestroyUnowned
-	case DestroyUnowned, DestroyRecorded:
+		o.OrphanMIG = OrphanDestroy
+	case OrphanDestroy, OrphanKeep, OrphanReport:
 	default:
-		return fmt.Errorf("draplugin options: OrphanMIG %q is not %s or %s", o.OrphanMIG, DestroyUnowned, DestroyRecorded)
+		return fmt.Errorf("draplugin options: OrphanMIG %q is not one of %v", o.OrphanMIG, OrphanMIGPolicies)
+	}
+	if o.Roots == nil {
+		roots, err := nvmlbackend.RootsOf(o.NVML)
+		if err != nil {
+			return fmt.Errorf("draplugin options: %w", err)
+		}
+		o.Roots = &roots
 	}
 	if o.BootID == "" {
 		id, err := checkpoint.BootID()

@@ -15,8 +15,12 @@ import (
 	"os"
 	"sync"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/component-base/metrics"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
@@ -26,19 +30,24 @@ import (
 	"github.com/tessera-gpu/tessera/draplugin/mig"
 	"github.com/tessera-gpu/tessera/draplugin/sharing"
 	"github.com/tessera-gpu/tessera/nodeagent/discovery"
+	"github.com/tessera-gpu/tessera/nodeagent/gpulock"
 )
 
 // Plugin is a running kubelet plugin.
 type Plugin struct {
-	opts    Options
-	node    *discovery.Node
-	cdi     *cdi.Writer
-	caps    cdi.MIGCaps
-	mig     mig.Manager
-	sharing *sharing.Controller
-	metrics *pluginMetrics
-	helper  *kubeletplugin.Helper
-	cancel  context.CancelFunc
+	opts       Options
+	node       *discovery.Node
+	cdi        *cdi.Writer
+	driver     *cdi.Driver
+	baseID     string
+	mig        mig.Manager
+	locks      *gpulock.Locks
+	events     record.EventRecorder
+	stopEvents func()
+	sharing    *sharing.Controller
+	metrics    *pluginMetrics
+	helper     *kubeletplugin.Helper
+	cancel     context.CancelFunc
 
 	// mu guards state and the checkpoint file. The helper serializes gRPC
 	// calls already; mu also covers direct callers and background work.
@@ -65,6 +74,7 @@ func Start(ctx context.Context, opts Options) (*Plugin, error) {
 		return nil, err
 	}
 	if err := p.recover(ctx); err != nil {
+		p.stopEvents()
 		return nil, fmt.Errorf("reconcile checkpoint: %w", err)
 	}
 	ctx, p.cancel = context.WithCancel(ctx)
@@ -82,10 +92,11 @@ func Start(ctx context.Context, opts Options) (*Plugin, error) {
 	helper, err := kubeletplugin.Start(ctx, p, helperOpts...)
 	if err != nil {
 		p.cancel()
+		p.stopEvents()
 		return nil, fmt.Errorf("start kubelet plugin: %w", err)
 	}
 	p.helper = helper
-	logger.Info("DRA plugin started", "node", opts.NodeName, "pluginDir", opts.PluginDir, "cdiDir", opts.CDIDir, "gpus", len(p.node.GPUs), "preparedClaims", len(p.state.Claims))
+	logger.Info("DRA plugin started", "node", opts.NodeName, "pluginDir", opts.PluginDir, "cdiDir", opts.CDIDir, "driverRoot", opts.Roots.Driver, "driverVersion", p.driver.Version(), "gpus", len(p.node.GPUs), "preparedClaims", len(p.state.Claims))
 	return p, nil
 }
 
@@ -110,20 +121,51 @@ func newPlugin(ctx context.Context, opts Options) (*Plugin, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The driver's edits: without the driver's files no spec is written.
+	driver, err := cdi.NewDriver(cdi.DriverOptions{
+		NVML: opts.NVML, DriverRoot: opts.Roots.Driver, HostDriverRoot: opts.HostDriverRoot,
+		DevRoot: opts.Roots.Dev, ProcRoot: opts.Roots.Proc, HookPath: opts.CDIHookPath,
+	})
+	if err != nil {
+		return nil, err
+	}
+	common, err := driver.Common()
+	if err != nil {
+		return nil, err
+	}
+	baseID, err := w.WriteBase(common)
+	if err != nil {
+		return nil, err
+	}
 	m, err := newMetrics(opts.Registry)
 	if err != nil {
 		return nil, err
 	}
+	locks := opts.GPULocks
+	if locks == nil {
+		locks = gpulock.New()
+	}
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: opts.KubeClient.CoreV1().Events("")})
 	return &Plugin{
-		opts:    opts,
-		node:    node,
-		cdi:     w,
-		caps:    cdi.MIGCaps{MinorsFile: opts.MIGMinorsFile},
-		mig:     mig.Manager{Lib: opts.NVML},
-		sharing: &sharing.Controller{Exec: opts.Executor, MPSRoot: opts.MPSDir},
-		metrics: m,
-		state:   checkpoint.NewData(),
+		opts:       opts,
+		node:       node,
+		cdi:        w,
+		driver:     driver,
+		baseID:     baseID,
+		mig:        mig.Manager{Lib: opts.NVML},
+		locks:      locks,
+		events:     broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "tessera-node", Host: opts.NodeName}),
+		stopEvents: broadcaster.Shutdown,
+		sharing:    &sharing.Controller{Exec: opts.Executor, MPSRoot: opts.MPSDir},
+		metrics:    m,
+		state:      checkpoint.NewData(),
 	}, nil
+}
+
+// event records an event on the Node.
+func (p *Plugin) event(eventType, reason, format string, args ...any) {
+	p.events.Eventf(&corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: p.opts.NodeName}, eventType, reason, format, args...)
 }
 
 // Stop closes the sockets and waits for the helper's goroutines. Prepared
@@ -136,6 +178,7 @@ func (p *Plugin) Stop() {
 	if p.cancel != nil {
 		p.cancel()
 	}
+	p.stopEvents()
 }
 
 // currentNode is the latest discovery snapshot.

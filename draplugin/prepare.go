@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
@@ -16,13 +18,16 @@ import (
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/tessera-gpu/tessera/contract"
 	configapi "github.com/tessera-gpu/tessera/draplugin/api/v1alpha1"
 	"github.com/tessera-gpu/tessera/draplugin/cdi"
 	"github.com/tessera-gpu/tessera/draplugin/checkpoint"
 	"github.com/tessera-gpu/tessera/draplugin/mig"
 	"github.com/tessera-gpu/tessera/draplugin/sharing"
 	"github.com/tessera-gpu/tessera/nodeagent/devicename"
+	"github.com/tessera-gpu/tessera/nodeagent/partition"
 )
 
 // Capacity names consumed by fractional claims.
@@ -182,7 +187,7 @@ func (p *Plugin) plan(ctx context.Context, claim *resourceapi.ResourceClaim) (*c
 	if alloc == nil {
 		return nil, fmt.Errorf("claim %s is not allocated", ref)
 	}
-	configs, err := decodeConfigs(alloc.Devices.Config)
+	configs, err := decodeConfigs(alloc.Devices.Config, alloc.Devices.Results)
 	if err != nil {
 		return nil, fmt.Errorf("claim %s: %w", ref, err)
 	}
@@ -216,8 +221,10 @@ func (p *Plugin) plan(ctx context.Context, claim *resourceapi.ResourceClaim) (*c
 			return nil, fmt.Errorf("claim %s: device %s: %w", ref, d.Device, err)
 		}
 		switch {
-		case inst != nil && inst.Size == d.MIG.Size && (d.AdminAccess || !p.migOwned(d.MIG)):
+		case inst != nil && inst.Size == d.MIG.Size && len(inst.CIIDs) > 0 && (d.AdminAccess || !p.migOwned(d.MIG)):
+			// Not tessera's: used by its IDs, never destroyed.
 			d.MIG.Static = true
+			d.MIG.GIID, d.MIG.CIID, d.MIG.BootID = inst.GIID, inst.CIIDs[0], p.opts.BootID
 			klog.FromContext(ctx).V(2).Info("Using existing MIG instance", "claim", ref, "device", d.Device, "giID", inst.GIID)
 		case d.AdminAccess:
 			return nil, fmt.Errorf("claim %s: device %s: admin access to a MIG device that does not exist", ref, d.Device)
@@ -242,10 +249,17 @@ func (c opaqueConfig) appliesTo(request string) bool {
 }
 
 // decodeConfigs decodes the driver's opaque configs, class configs first so
-// that the claim's own configs override them.
-func decodeConfigs(in []resourceapi.DeviceAllocationConfiguration) ([]opaqueConfig, error) {
+// that the claim's own configs override them. A config for NVIDIA's driver
+// in a claim that has no device of NVIDIA's driver is a claim ported from
+// it whose opaque.driver was not changed: an error, never silently skipped.
+func decodeConfigs(in []resourceapi.DeviceAllocationConfiguration, results []resourceapi.DeviceRequestAllocationResult) ([]opaqueConfig, error) {
+	nvidiaDevices := slices.ContainsFunc(results, func(r resourceapi.DeviceRequestAllocationResult) bool { return r.Driver == configapi.NVIDIADriverName })
 	var out []opaqueConfig
 	for i, c := range in {
+		if c.Opaque != nil && c.Opaque.Driver == configapi.NVIDIADriverName && !nvidiaDevices {
+			return nil, fmt.Errorf("status.allocation.devices.config[%d] (from %s) is for driver %s, but the claim's devices are %s's: set opaque.driver to %s (NVIDIA's %s GpuConfig and MigDeviceConfig are accepted as they are)",
+				i, c.Source, configapi.NVIDIADriverName, DriverName, DriverName, configapi.NVIDIAGroupVersion)
+		}
 		if c.Opaque == nil || c.Opaque.Driver != DriverName {
 			continue
 		}
@@ -305,6 +319,9 @@ func (p *Plugin) planDevice(r resourceapi.DeviceRequestAllocationResult, configs
 		return d, err
 	}
 	d.GPUUUID, d.GPUMinor = target.GPU.UUID, target.GPU.Minor
+	if target.GPU.Lost {
+		return d, fmt.Errorf("GPU %d (%s) is lost (it does not answer NVML)", target.GPU.Minor, target.GPU.UUID)
+	}
 	switch target.Name.Kind {
 	case devicename.KindGPU, devicename.KindShared:
 		d.Kind = checkpoint.KindGPU
@@ -326,15 +343,8 @@ func (p *Plugin) planDevice(r resourceapi.DeviceRequestAllocationResult, configs
 			return d, err
 		}
 	case devicename.KindMIG:
-		if !target.GPU.MigEnabled {
-			// Discovery is a snapshot; ask NVML for the current mode.
-			on, err := p.mig.MigEnabled(target.GPU.UUID)
-			if err != nil {
-				return d, err
-			}
-			if !on {
-				return d, fmt.Errorf("MIG mode is not enabled on GPU %d (%s)", target.GPU.Minor, target.GPU.UUID)
-			}
+		if target.GPU.Lost {
+			return d, fmt.Errorf("GPU %d (%s) is lost", target.GPU.Minor, target.GPU.UUID)
 		}
 		d.Kind = checkpoint.KindMIG
 		d.MIG = &checkpoint.MIGInstance{
@@ -472,36 +482,25 @@ func (p *Plugin) apply(ctx context.Context, rec *checkpoint.Claim) error {
 	for i := range rec.Devices {
 		d := &rec.Devices[i]
 		cd := cdi.Device{Name: cdiName(d)}
+		var err error
 		switch d.Kind {
 		case checkpoint.KindGPU, checkpoint.KindShared:
-			cd.DeviceNodes = []string{cdi.GPUNode(d.GPUMinor)}
-		case checkpoint.KindMIG:
-			m := d.MIG
-			if m.Static {
-				inst, err := p.mig.Find(m.ParentUUID, m.GIProfileID, m.Start)
-				if err != nil {
+			if d.Kind == checkpoint.KindGPU && !d.AdminAccess {
+				if err := p.wholeGPUMode(ctx, d); err != nil {
 					return fmt.Errorf("claim %s: device %s: %w", ref, d.Device, err)
 				}
-				if inst == nil || len(inst.CIIDs) == 0 {
-					return fmt.Errorf("claim %s: device %s: the existing MIG instance at memory slice %d disappeared or has no compute instance", ref, d.Device, m.Start)
-				}
-				m.GIID, m.CIID = inst.GIID, inst.CIIDs[0]
-			} else {
-				giID, ciID, err := p.mig.Create(m.ParentUUID, m.GIProfileID, m.Start, m.Size, m.CIProfileID)
-				if errors.Is(err, mig.ErrOccupied) {
-					return fmt.Errorf("claim %s: device %s: MIG profile %s at memory slice %d: %w (held outside this plugin's records)", ref, d.Device, m.Profile, m.Start, err)
-				}
-				if err != nil {
-					return fmt.Errorf("claim %s: device %s: %w", ref, d.Device, err)
-				}
-				m.GIID, m.CIID, m.Created = giID, ciID, true
-				p.opts.crashPoint("mig-created")
 			}
-			nodes, err := p.caps.Nodes(m.ParentMinor, m.GIID, m.CIID)
-			if err != nil {
+			if cd.Edits, err = p.driver.GPU(d.GPUUUID); err != nil {
 				return fmt.Errorf("claim %s: device %s: %w", ref, d.Device, err)
 			}
-			cd.DeviceNodes = append([]string{cdi.GPUNode(m.ParentMinor)}, nodes...)
+		case checkpoint.KindMIG:
+			if err := p.prepareMIG(ctx, d); err != nil {
+				return fmt.Errorf("claim %s: device %s: %w", ref, d.Device, err)
+			}
+			m := d.MIG
+			if cd.Edits, err = p.driver.MIG(m.ParentUUID, m.ParentMinor, m.GIID, m.CIID); err != nil {
+				return fmt.Errorf("claim %s: device %s: %w", ref, d.Device, err)
+			}
 		}
 		if s := d.Sharing; s != nil {
 			switch configapi.SharingStrategy(s.Strategy) {
@@ -518,8 +517,8 @@ func (p *Plugin) apply(ctx context.Context, rec *checkpoint.Claim) error {
 					return fmt.Errorf("claim %s: device %s: %w", ref, d.Device, err)
 				}
 				p.opts.crashPoint("mps-started")
-				cd.Env = sharing.ClientEnv(s)
-				cd.Mounts = []cdi.Mount{{HostPath: daemon.PipeDir, ContainerPath: sharing.ContainerPipeDir}}
+				cd.Edits.Env = append(append([]string(nil), cd.Edits.Env...), sharing.ClientEnv(s)...)
+				cd.Edits.Mounts = append(append([]*cdispec.Mount(nil), cd.Edits.Mounts...), cdi.MountEdit(cdi.Mount{HostPath: daemon.PipeDir, ContainerPath: sharing.ContainerPipeDir}))
 			case configapi.TimeSlicingStrategy:
 				if err := p.sharing.SetTimeSlice(ctx, d.GPUUUID, s.TimeSliceInterval); err != nil {
 					return fmt.Errorf("claim %s: device %s: %w", ref, d.Device, err)
@@ -534,7 +533,10 @@ func (p *Plugin) apply(ctx context.Context, rec *checkpoint.Claim) error {
 	final := *rec
 	final.State = checkpoint.PrepareCompleted
 	for i := range rec.Devices {
-		rec.Devices[i].CDIDeviceIDs = []string{cdi.DeviceID(rec.UID, cdiDevices[i].Name)}
+		// Every device gets the driver's common edits (spec-level edits of
+		// the base spec, applied once however many devices carry the ID)
+		// and its own.
+		rec.Devices[i].CDIDeviceIDs = []string{p.baseID, cdi.DeviceID(rec.UID, cdiDevices[i].Name)}
 	}
 	final.Devices = rec.Devices
 	raw, err := json.Marshal(final)
@@ -545,6 +547,104 @@ func (p *Plugin) apply(ctx context.Context, rec *checkpoint.Claim) error {
 		return err
 	}
 	p.opts.crashPoint("cdi-written")
+	return nil
+}
+
+// prepareMIG makes the MIG device of d usable: the existing instance of a
+// static device (found by its IDs), or a new instance at exactly the
+// allocated placement, with MIG mode turned on first where it is off (a
+// dynamic-MIG GPU's mode follows its claims). All under the GPU's lock,
+// shared with the node agent.
+func (p *Plugin) prepareMIG(ctx context.Context, d *checkpoint.Device) error {
+	m := d.MIG
+	unlock := p.locks.Lock(m.ParentUUID)
+	defer unlock()
+	if m.Static {
+		inst, err := p.mig.FindByID(m.ParentUUID, m.GIID, m.CIID, m.GIProfileID, m.Start)
+		if err != nil {
+			return err
+		}
+		if inst == nil {
+			return fmt.Errorf("the existing MIG instance %s at memory slice %d (GPU instance %d, compute instance %d) disappeared", m.Profile, m.Start, m.GIID, m.CIID)
+		}
+		return nil
+	}
+	if err := p.setMIGMode(ctx, d, true); err != nil {
+		return err
+	}
+	giID, ciID, err := p.mig.Create(m.ParentUUID, m.GIProfileID, m.Start, m.Size, m.CIProfileID)
+	if errors.Is(err, mig.ErrOccupied) {
+		return fmt.Errorf("MIG profile %s at memory slice %d: %w (held outside this plugin's records)", m.Profile, m.Start, err)
+	}
+	if err != nil {
+		return err
+	}
+	m.GIID, m.CIID, m.Created, m.BootID = giID, ciID, true, p.opts.BootID
+	p.opts.crashPoint("mig-created")
+	return nil
+}
+
+// wholeGPUMode turns MIG mode off for a whole GPU of a MIG-capable GPU (a
+// dynamic-MIG GPU in MIG mode): CUDA sees no device on a GPU in MIG mode
+// without instances. The exclusive-device guard has made sure that no
+// other claim holds a device of this GPU; an instance that exists anyway
+// (someone else's) is an error, never destroyed.
+func (p *Plugin) wholeGPUMode(ctx context.Context, d *checkpoint.Device) error {
+	g, ok := p.currentNode().GPUByUUID(d.GPUUUID)
+	if !ok || !g.MigCapable {
+		return nil
+	}
+	unlock := p.locks.Lock(d.GPUUUID)
+	defer unlock()
+	on, err := p.mig.MigEnabled(d.GPUUUID)
+	if err != nil || !on {
+		return err
+	}
+	list, err := p.mig.List(d.GPUUUID)
+	if err != nil {
+		return err
+	}
+	if len(list) > 0 {
+		var in []string
+		for _, i := range list {
+			in = append(in, fmt.Sprintf("profile %d at %d (GPU instance %d)", i.GIProfileID, i.Start, i.GIID))
+		}
+		return fmt.Errorf("the whole GPU %d needs MIG mode off, but MIG instances exist that no claim of this plugin holds: %s", d.GPUMinor, strings.Join(in, ", "))
+	}
+	return p.setMIGMode(ctx, d, false)
+}
+
+// setMIGMode sets the MIG mode d needs. A change that would need a GPU
+// reset is withdrawn (partition.SetMIGMode) and reported to the agent,
+// which stops publishing the devices that need it. Caller holds the GPU's
+// lock.
+func (p *Plugin) setMIGMode(ctx context.Context, d *checkpoint.Device, enable bool) error {
+	on, err := p.mig.MigEnabled(d.GPUUUID)
+	if err != nil {
+		return err
+	}
+	if on == enable {
+		return nil
+	}
+	dev, ret := p.opts.NVML.DeviceGetHandleByUUID(d.GPUUUID)
+	if ret != nvml.SUCCESS {
+		return fmt.Errorf("GPU %s: %w", d.GPUUUID, ret)
+	}
+	mode, needs := nvml.DEVICE_MIG_DISABLE, contract.TypeGPU
+	if enable {
+		mode, needs = nvml.DEVICE_MIG_ENABLE, contract.TypeMIG
+	}
+	if err := partition.SetMIGMode(dev, mode); err != nil {
+		err = fmt.Errorf("GPU %d (%s): %w", d.GPUMinor, d.GPUUUID, err)
+		if errors.Is(err, partition.ErrResetNeeded) {
+			p.event(corev1.EventTypeWarning, "MIGModeNeedsReset", "%v", err)
+			if p.opts.Withdraw != nil {
+				p.opts.Withdraw(d.GPUUUID, []contract.DeviceType{needs}, err.Error())
+			}
+		}
+		return err
+	}
+	klog.FromContext(ctx).Info("Changed MIG mode for a claim", "gpu", d.GPUUUID, "migEnabled", enable, "device", d.Device)
 	return nil
 }
 

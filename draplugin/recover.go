@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/client/pkg/v3/fileutil"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
@@ -19,14 +20,19 @@ import (
 // recover makes devices, CDI specs, MPS daemons and the checkpoint agree
 // before the plugin serves the kubelet:
 //
-//   - a checkpoint from another boot is discarded, and its MIG instances and
-//     CDI specs with it;
+//   - a checkpoint of a newer format this version cannot read fails the
+//     start, untouched (a downgrade never loses prepared claims);
+//   - a checkpoint from another boot is discarded with its CDI specs; its
+//     MIG instances died with the boot, and whatever instances exist now
+//     are not tessera's, so nothing is destroyed;
 //   - a corrupt checkpoint is moved aside and the state rebuilt from the CDI
 //     specs on disk (each carries its claim's record) checked against the
-//     MIG instances NVML reports;
+//     MIG instances NVML reports, by their IDs;
 //   - PrepareStarted claims (a prepare cut short) are rolled back;
 //   - CDI specs of unknown claims are removed, MPS daemons without clients
-//     stopped, and MIG instances that no claim owns destroyed (OrphanMIG).
+//     stopped, and MIG instances this plugin created that no claim holds are
+//     handled as OrphanMIG says, with an Event each. Instances tessera did
+//     not create are never destroyed.
 func (p *Plugin) recover(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	p.mu.Lock()
@@ -44,8 +50,10 @@ func (p *Plugin) recover(ctx context.Context) error {
 
 	path := p.opts.checkpointPath()
 	cp, err := checkpoint.Read(path)
-	var recorded []checkpoint.Claim // every claim any record mentions, for DestroyRecorded
+	var recorded []checkpoint.Claim // every claim any record of this boot mentions
 	switch {
+	case errors.Is(err, checkpoint.ErrNewerVersion):
+		return err
 	case errors.Is(err, checkpoint.ErrCorrupt):
 		dst, merr := checkpoint.MoveAside(path, time.Now())
 		if merr != nil {
@@ -64,17 +72,17 @@ func (p *Plugin) recover(ctx context.Context) error {
 			return err
 		}
 	case cp.BootID != p.opts.BootID:
-		logger.Info("Checkpoint is from another boot; discarding it with its MIG instances", "checkpointBootID", cp.BootID, "bootID", p.opts.BootID, "claims", len(cp.Data.Claims))
+		// MIG instances, MPS daemons and time slices did not survive the
+		// reboot; instances that exist now were made in this boot by someone
+		// else (the agent's static layout, an administrator) and must not be
+		// destroyed. Only the specs are left to remove (below).
+		logger.Info("Checkpoint is from another boot; discarding its records, destroying nothing", "checkpointBootID", cp.BootID, "bootID", p.opts.BootID, "claims", len(cp.Data.Claims))
 		p.metrics.recoveredActions.WithLabelValues("checkpoint_foreign_boot").Inc()
-		p.state = cp.Data
-		for _, rec := range cp.Data.Claims {
-			recorded = append(recorded, *rec)
-			if err := p.undo(ctx, rec); err != nil {
-				logger.Error(err, "Cleaning up claim of the previous boot failed", "claim", klog.KRef(rec.Namespace, rec.Name))
-			}
-		}
 		p.state = checkpoint.NewData()
 	default:
+		if cp.ReadVersion != checkpoint.Version {
+			logger.Info("Read a checkpoint of another format; it is written back as "+checkpoint.Version, "version", cp.ReadVersion)
+		}
 		p.state = cp.Data
 	}
 
@@ -91,9 +99,11 @@ func (p *Plugin) recover(ctx context.Context) error {
 		p.metrics.recoveredActions.WithLabelValues("rolled_back").Inc()
 	}
 
-	if err := p.removeOrphanSpecs(ctx); err != nil {
+	orphans, err := p.removeOrphanSpecs(ctx)
+	if err != nil {
 		return err
 	}
+	recorded = append(recorded, orphans...)
 	if err := p.stopIdleDaemons(ctx); err != nil {
 		return err
 	}
@@ -133,11 +143,18 @@ func (p *Plugin) rebuild(ctx context.Context) error {
 			if d.Kind != checkpoint.KindMIG {
 				continue
 			}
-			inst, err := p.mig.Find(d.MIG.ParentUUID, d.MIG.GIProfileID, d.MIG.Start)
+			m := d.MIG
+			if m.BootID != p.opts.BootID && (m.Created || m.Static) {
+				// A spec left from another (or an unknown) boot: its instance is gone.
+				complete = false
+				m.Created, m.Static = false, true // nothing of it to destroy
+				continue
+			}
+			inst, err := p.mig.FindByID(m.ParentUUID, m.GIID, m.CIID, m.GIProfileID, m.Start)
 			if err != nil {
 				return err
 			}
-			if inst == nil || inst.GIID != d.MIG.GIID {
+			if inst == nil {
 				complete = false
 			}
 		}
@@ -151,11 +168,14 @@ func (p *Plugin) rebuild(ctx context.Context) error {
 	return nil
 }
 
-func (p *Plugin) removeOrphanSpecs(ctx context.Context) error {
+// removeOrphanSpecs removes the CDI specs of claims that are not prepared
+// and returns the records they carried (their MIG instances are tessera's).
+func (p *Plugin) removeOrphanSpecs(ctx context.Context) ([]checkpoint.Claim, error) {
 	records, broken, err := p.cdi.Claims()
 	if err != nil {
-		return err
+		return nil, err
 	}
+	var recorded []checkpoint.Claim
 	uids := make([]types.UID, 0, len(records)+len(broken))
 	for uid := range records {
 		uids = append(uids, uid)
@@ -168,12 +188,16 @@ func (p *Plugin) removeOrphanSpecs(ctx context.Context) error {
 			continue
 		}
 		klog.FromContext(ctx).Info("Removing CDI spec of a claim that is not prepared", "claimUID", uid)
+		var rec checkpoint.Claim
+		if json.Unmarshal(records[uid], &rec) == nil {
+			recorded = append(recorded, rec)
+		}
 		if err := p.cdi.Remove(uid); err != nil {
-			return err
+			return nil, err
 		}
 		p.metrics.recoveredActions.WithLabelValues("orphan_cdi_removed").Inc()
 	}
-	return nil
+	return recorded, nil
 }
 
 func (p *Plugin) stopIdleDaemons(ctx context.Context) error {
@@ -193,32 +217,36 @@ func (p *Plugin) stopIdleDaemons(ctx context.Context) error {
 	return nil
 }
 
-// destroyOrphanMIG destroys GPU instances that no prepared claim owns: all
-// of them (DestroyUnowned) or those some record says the plugin made
-// (DestroyRecorded). Caller holds mu.
+// destroyOrphanMIG handles the MIG instances that no prepared claim holds:
+// those the records of this boot say the plugin created get OrphanMIG
+// (destroyed by default), with an Event each; under OrphanReport every
+// other unheld instance is reported too. Instances tessera did not create
+// are never destroyed. Caller holds mu.
 func (p *Plugin) destroyOrphanMIG(ctx context.Context, recorded []checkpoint.Claim) error {
+	logger := klog.FromContext(ctx)
 	type key struct {
-		gpu            string
-		profile, start uint32
+		gpu        string
+		gi, ci     uint32
+		profile, s uint32
 	}
-	owned := map[key]bool{}
+	held := map[key]bool{}
 	for _, c := range p.state.Claims {
 		for _, d := range c.Devices {
-			if d.MIG != nil {
-				owned[key{d.MIG.ParentUUID, d.MIG.GIProfileID, d.MIG.Start}] = true
+			if m := d.MIG; m != nil {
+				held[key{m.ParentUUID, m.GIID, m.CIID, m.GIProfileID, m.Start}] = true
 			}
 		}
 	}
 	ours := map[key]bool{}
 	for _, c := range recorded {
 		for _, d := range c.Devices {
-			if d.MIG != nil && !d.MIG.Static {
-				ours[key{d.MIG.ParentUUID, d.MIG.GIProfileID, d.MIG.Start}] = true
+			if m := d.MIG; m != nil && m.Created && m.BootID == p.opts.BootID {
+				ours[key{m.ParentUUID, m.GIID, m.CIID, m.GIProfileID, m.Start}] = true
 			}
 		}
 	}
 	for _, gpu := range p.currentNode().GPUs {
-		if !gpu.MigCapable {
+		if !gpu.MigCapable || gpu.Lost {
 			continue
 		}
 		on, err := p.mig.MigEnabled(gpu.UUID)
@@ -228,21 +256,37 @@ func (p *Plugin) destroyOrphanMIG(ctx context.Context, recorded []checkpoint.Cla
 		if !on {
 			continue
 		}
+		unlock := p.locks.Lock(gpu.UUID)
 		list, err := p.mig.List(gpu.UUID)
 		if err != nil {
+			unlock()
 			return err
 		}
 		for _, inst := range list {
-			k := key{gpu.UUID, inst.GIProfileID, inst.Start}
-			if owned[k] || (p.opts.OrphanMIG == DestroyRecorded && !ours[k]) {
-				continue
+			ciID := ^uint32(0)
+			if len(inst.CIIDs) > 0 {
+				ciID = inst.CIIDs[0]
 			}
-			klog.FromContext(ctx).Info("Destroying MIG instance that no claim owns", "gpu", gpu.UUID, "giID", inst.GIID, "profileID", inst.GIProfileID, "start", inst.Start)
-			if err := p.mig.DestroyInstance(gpu.UUID, inst); err != nil {
-				return err
+			k := key{gpu.UUID, inst.GIID, ciID, inst.GIProfileID, inst.Start}
+			what := fmt.Sprintf("MIG instance on GPU %d (%s): GPU instance %d, compute instance %d, profile %d at memory slice %d", gpu.Minor, gpu.UUID, inst.GIID, ciID, inst.GIProfileID, inst.Start)
+			switch {
+			case held[k]:
+			case ours[k] && p.opts.OrphanMIG == OrphanDestroy:
+				logger.Info("Destroying a MIG instance this plugin created that no claim holds", "gpu", gpu.UUID, "giID", inst.GIID, "profileID", inst.GIProfileID, "start", inst.Start)
+				if err := p.mig.DestroyInstance(gpu.UUID, inst); err != nil {
+					unlock()
+					return err
+				}
+				p.metrics.recoveredActions.WithLabelValues("orphan_mig_destroyed").Inc()
+				p.event(corev1.EventTypeNormal, "OrphanMIGDestroyed", "%s: created by tessera for a claim that is gone; destroyed", what)
+			case ours[k]:
+				p.metrics.recoveredActions.WithLabelValues("orphan_mig_kept").Inc()
+				p.event(corev1.EventTypeWarning, "OrphanMIGKept", "%s: created by tessera for a claim that is gone; kept (--orphan-mig=%s)", what, p.opts.OrphanMIG)
+			case p.opts.OrphanMIG == OrphanReport:
+				p.event(corev1.EventTypeNormal, "ForeignMIGFound", "%s: not created by tessera and held by no claim; kept", what)
 			}
-			p.metrics.recoveredActions.WithLabelValues("orphan_mig_destroyed").Inc()
 		}
+		unlock()
 	}
 	return nil
 }

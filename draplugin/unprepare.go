@@ -100,12 +100,38 @@ func (p *Plugin) undo(ctx context.Context, rec *checkpoint.Claim) error {
 			}
 		}
 		if d.Kind == checkpoint.KindMIG && !d.MIG.Static {
-			if err := p.mig.Destroy(d.MIG.ParentUUID, d.MIG.GIProfileID, d.MIG.Start); err != nil {
+			if err := p.destroyOurs(ctx, rec.UID, d); err != nil {
 				errs = append(errs, fmt.Errorf("device %s: %w", d.Device, err))
 			}
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// destroyOurs destroys the MIG instance the plugin created for d, and
+// nothing else: a created instance is found by its GPU, IDs, profile and
+// placement, and only in the boot it was made in (after a reboot the IDs
+// are reused by instances that are not ours). A record without IDs is a
+// prepare cut short between recording the intent and recording the IDs:
+// the instance at exactly the recorded profile and placement is taken for
+// the one just made, unless another claim holds it. Caller holds mu.
+func (p *Plugin) destroyOurs(ctx context.Context, uid types.UID, d *checkpoint.Device) error {
+	m := d.MIG
+	unlock := p.locks.Lock(m.ParentUUID)
+	defer unlock()
+	if m.Created {
+		if m.BootID != p.opts.BootID {
+			klog.FromContext(ctx).Info("Not destroying a MIG instance recorded in another boot", "gpu", m.ParentUUID, "giID", m.GIID, "recordedBoot", m.BootID)
+			return nil
+		}
+		return p.mig.DestroyByID(m.ParentUUID, m.GIID, m.CIID, m.GIProfileID, m.Start)
+	}
+	if p.otherUser(uid, func(o *checkpoint.Device) bool {
+		return o.MIG != nil && o.MIG.ParentUUID == m.ParentUUID && o.MIG.GIProfileID == m.GIProfileID && o.MIG.Start == m.Start
+	}) {
+		return nil
+	}
+	return p.mig.Destroy(m.ParentUUID, m.GIProfileID, m.Start)
 }
 
 // otherUser reports whether a claim other than uid holds a device that

@@ -118,6 +118,44 @@ func TestBadConfigExits(t *testing.T) {
 		r := runBinary(t, "--node-name=n1", "--backend=mock:dgx1")
 		expectCleanFailure(t, r, `unknown mock machine "dgx1"`)
 	})
+	t.Run("bad orphan policy", func(t *testing.T) {
+		r := runBinary(t, "--node-name=n1", "--backend=mock:dgxh100", "--orphan-mig=all")
+		expectCleanFailure(t, r, `--orphan-mig must be one of [destroy keep report], got "all"`)
+	})
+	t.Run("relative driver root", func(t *testing.T) {
+		r := runBinary(t, "--node-name=n1", "--backend=mock:dgxh100", "--driver-root=run/nvidia/driver")
+		expectCleanFailure(t, r, `--driver-root must be an absolute path`)
+	})
+}
+
+// TestWrongDriverRootExits: a driver root without the driver's libraries
+// (here: an empty directory) stops tessera-node at start with one line
+// naming the root and the flag; no CDI spec without the driver is ever
+// written.
+func TestWrongDriverRootExits(t *testing.T) {
+	cp := framework.Shared(t)
+	client := cp.Client(t)
+	node, err := client.CoreV1().Nodes().Create(context.Background(), &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: framework.UniqueName("bin-node")}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.CoreV1().Nodes().Delete(context.Background(), node.Name, metav1.DeleteOptions{}) })
+	dirs, err := os.MkdirTemp("", "tn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dirs) })
+	empty := filepath.Join(dirs, "driver")
+	if err := os.Mkdir(empty, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r := runBinary(t, "--node-name="+node.Name, "--backend=mock:dgxh100?gpus=1", "--kubeconfig="+cp.KubeconfigPath, "--http-address=",
+		"--driver-root="+empty, "--kubelet-registry-dir="+filepath.Join(dirs, "reg"), "--kubelet-plugin-dir="+filepath.Join(dirs, "plugin"),
+		"--cdi-dir="+filepath.Join(dirs, "cdi"), "--mps-dir="+filepath.Join(dirs, "mps"), "-v=0")
+	expectCleanFailure(t, r, "NVIDIA driver libraries not found", "driver root "+empty, "--driver-root")
+	if specs, _ := filepath.Glob(filepath.Join(dirs, "cdi", "*.json")); len(specs) != 0 {
+		t.Fatalf("specs written without the driver: %v", specs)
+	}
 }
 
 func TestMissingNVIDIALibraryExits(t *testing.T) {

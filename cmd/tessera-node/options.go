@@ -7,10 +7,13 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/pflag"
@@ -25,6 +28,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/draplugin"
+	"github.com/tessera-gpu/tessera/draplugin/cdi"
 	"github.com/tessera-gpu/tessera/nodeagent/agent"
 	"github.com/tessera-gpu/tessera/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/nodeagent/health"
@@ -50,6 +54,12 @@ type options struct {
 	cdiDir       string
 	mpsDir       string
 	podUID       string
+	orphanMIG    string
+	// The driver installation: on the host, and as mounted into tessera-node.
+	driverRoot          string
+	containerDriverRoot string
+	cdiHookPath         string
+	stateFile           string
 	// The classic device plugin, for GPUs in devicePlugin mode.
 	devicePluginConfig string
 
@@ -70,6 +80,9 @@ func newOptions() *options {
 		cdiDir:         draplugin.DefaultCDIDir,
 		mpsDir:         draplugin.DefaultMPSDir,
 		podUID:         os.Getenv("POD_UID"),
+		orphanMIG:      string(draplugin.OrphanDestroy),
+		driverRoot:     "/",
+		cdiHookPath:    cdi.DefaultHookPath,
 		logging:        logsapi.NewLoggingConfiguration(),
 		featureGate:    featuregate.NewFeatureGate(),
 	}
@@ -88,6 +101,11 @@ func (o *options) addPluginFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.mpsDir, "mps-dir", o.mpsDir, "Host directory for the MPS control daemons' pipe and log directories (short: MPS creates unix sockets under it).")
 	fs.StringVar(&o.podUID, "pod-uid", o.podUID, "UID of this pod (default $POD_UID, from the downward API); enables seamless rolling updates of the kubelet plugin.")
 	fs.StringVar(&o.devicePluginConfig, "device-plugin-config", "", "Device plugin config (YAML, see docs/deviceplugin.md) for GPUs the partition config puts in devicePlugin mode; empty uses the defaults (tessera.dev/gpu).")
+	fs.StringVar(&o.orphanMIG, "orphan-mig", o.orphanMIG, fmt.Sprintf("What startup does with MIG instances tessera created that no claim holds: %v. Instances tessera did not create are never destroyed; report also lists them as events.", draplugin.OrphanMIGPolicies))
+	fs.StringVar(&o.driverRoot, "driver-root", o.driverRoot, "Host directory where the NVIDIA driver is installed: / for a driver on the host, /run/nvidia/driver for the GPU operator's driver container. CDI specs mount the driver's libraries and binaries from there. A mock --backend uses its own driver installation unless this is set.")
+	fs.StringVar(&o.containerDriverRoot, "container-driver-root", "", "Where --driver-root is mounted inside this container (default: the same path).")
+	fs.StringVar(&o.cdiHookPath, "nvidia-cdi-hook-path", o.cdiHookPath, "Host path of nvidia-cdi-hook (NVIDIA container toolkit), which the container runtime runs to create the driver libraries' links and update the ldcache; the GPU operator installs it as /usr/local/nvidia/toolkit/nvidia-cdi-hook.")
+	fs.StringVar(&o.stateFile, "state-file", "", "File where the agent keeps the last description of every GPU and their XID/ECC conditions over restarts (default: node-state.json in --kubelet-plugin-dir); it must be on the host.")
 }
 
 func (o *options) addFlags(fs *pflag.FlagSet) {
@@ -130,6 +148,14 @@ func (o *options) validate() (*partition.Config, error) {
 	}
 	if _, err := nvmlbackend.ParseSpec(o.backend); err != nil {
 		return nil, fmt.Errorf("--backend: %w", err)
+	}
+	if !slices.Contains(draplugin.OrphanMIGPolicies, draplugin.OrphanMIGPolicy(o.orphanMIG)) {
+		return nil, fmt.Errorf("--orphan-mig must be one of %v, got %q", draplugin.OrphanMIGPolicies, o.orphanMIG)
+	}
+	for flag, v := range map[string]string{"--driver-root": o.driverRoot, "--container-driver-root": o.containerDriverRoot, "--nvidia-cdi-hook-path": o.cdiHookPath} {
+		if v != "" && !filepath.IsAbs(v) {
+			return nil, fmt.Errorf("%s must be an absolute path, got %q", flag, v)
+		}
 	}
 	if _, err := o.loadDevicePluginConfig(); err != nil {
 		return nil, err
@@ -177,6 +203,9 @@ func (o *options) pluginComponents(client kubernetes.Interface, fatal func(error
 			CDIDir:           o.cdiDir,
 			MPSDir:           o.mpsDir,
 			RollingUpdateUID: types.UID(o.podUID),
+			OrphanMIG:        draplugin.OrphanMIGPolicy(o.orphanMIG),
+			HostDriverRoot:   o.driverRoot,
+			CDIHookPath:      o.cdiHookPath,
 			Registry:         draMetrics,
 			FatalError:       fatal,
 		}),
@@ -222,6 +251,10 @@ func run(ctx context.Context, o *options, components []agent.Component) error {
 		return fmt.Errorf("create Kubernetes client: %w", err)
 	}
 
+	roots, err := o.roots(lib)
+	if err != nil {
+		return err
+	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	plugins, pluginMetrics, err := o.pluginComponents(client, func(err error) {
@@ -237,10 +270,16 @@ func run(ctx context.Context, o *options, components []agent.Component) error {
 	for _, x := range o.benignXIDs {
 		benign = append(benign, uint64(x))
 	}
+	stateFile := o.stateFile
+	if stateFile == "" {
+		stateFile = filepath.Join(o.pluginDir, "node-state.json")
+	}
 	a, err := agent.New(agent.Options{
 		KubeClient:     client,
 		NodeName:       o.nodeName,
 		NVML:           lib,
+		Roots:          roots,
+		StatePath:      stateFile,
 		Config:         cfg,
 		ConfigPath:     o.configPath,
 		Monitor:        &health.MonitorOptions{ExtraBenignXIDs: benign, ProbeInterval: o.probeInterval, XIDRecovery: o.xidRecovery},
@@ -278,6 +317,30 @@ func run(ctx context.Context, o *options, components []agent.Component) error {
 		return cause // a fatal plugin error, not a signal
 	}
 	return nil
+}
+
+// roots says where the driver installation is as this process sees it: a
+// mock backend's own unless --driver-root is given, else the container's
+// mount of --driver-root.
+func (o *options) roots(lib nvml.Interface) (*nvmlbackend.Roots, error) {
+	if _, mock := lib.(*nvmlbackend.Mock); mock && o.driverRoot == "/" && o.containerDriverRoot == "" {
+		r, err := nvmlbackend.RootsOf(lib)
+		if err != nil {
+			return nil, err
+		}
+		o.driverRoot = r.Driver // its files are where this process sees them
+		return &r, nil
+	}
+	r := nvmlbackend.HostRoots
+	r.Driver = o.driverRoot
+	if o.containerDriverRoot != "" {
+		r.Driver = o.containerDriverRoot
+	}
+	r.Dev = "/"
+	if _, err := os.Stat(filepath.Join(r.Driver, "dev", "nvidiactl")); err == nil {
+		r.Dev = r.Driver
+	}
+	return &r, nil
 }
 
 func endpoints(a *agent.Agent, pluginMetrics prometheus.Gatherers) http.Handler {

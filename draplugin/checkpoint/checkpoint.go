@@ -3,7 +3,12 @@
 //
 // The file is a versioned envelope around the state:
 //
-//	{"version":"tessera.gpu/checkpoint-v1","bootID":"…","checksum":"crc32c:…","data":{…}}
+//	{"version":"tessera.gpu/checkpoint-v2","bootID":"…","checksum":"crc32c:…","data":{…}}
+//
+// Versions (convert.go): v1 (wave 1) is read and converted; v2 is written.
+// A newer file is read only where its writer declared it readable as v2
+// ("readableAs"), and refused otherwise with ErrNewerVersion, leaving the
+// file and the prepared claims alone.
 //
 // The checksum covers the exact bytes of data. Writes go to a temporary
 // file in the same directory, are fsynced, renamed over the old file and
@@ -12,7 +17,6 @@
 package checkpoint
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,9 +30,15 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 )
 
-// Version is the current format. Readers refuse other versions (as corrupt)
-// rather than guess at their meaning.
-const Version = "tessera.gpu/checkpoint-v1"
+// The formats. Version is the one written.
+const (
+	// VersionV1 identified MIG instances by placement only.
+	VersionV1 = "tessera.gpu/checkpoint-v1"
+	// VersionV2 records every MIG instance tessera created by GPU UUID, GPU
+	// and compute instance ID and boot ID.
+	VersionV2 = "tessera.gpu/checkpoint-v2"
+	Version   = VersionV2
+)
 
 // State of a claim in the checkpoint.
 type ClaimState string
@@ -86,8 +96,9 @@ type Device struct {
 }
 
 // MIGInstance identifies a GPU instance and its compute instance. The
-// placement is recorded before the instance is created, so a restart can
-// find an instance created just before a crash.
+// placement is recorded before the instance is created (PrepareStarted),
+// so a restart can find an instance created just before a crash; once
+// created, the instance is identified by its IDs, GPU and boot.
 type MIGInstance struct {
 	ParentUUID  string `json:"parentUUID"`
 	ParentMinor int    `json:"parentMinor"`
@@ -100,6 +111,9 @@ type MIGInstance struct {
 	GIID    uint32 `json:"giID"`
 	CIID    uint32 `json:"ciID"`
 	Created bool   `json:"created"`
+	// BootID is the boot the instance was created (or found) in: MIG
+	// instances do not survive a reboot, and IDs are reused after it.
+	BootID string `json:"bootID,omitempty"`
 	// Static is true for an instance that existed before the claim (an
 	// administrator's static MIG device): it is used but never destroyed.
 	Static bool `json:"static,omitempty"`
@@ -126,20 +140,30 @@ type MPSDaemon struct {
 }
 
 type envelope struct {
-	Version  string          `json:"version"`
-	BootID   string          `json:"bootID"`
-	Checksum string          `json:"checksum"`
-	Data     json.RawMessage `json:"data"`
+	Version string `json:"version"`
+	// ReadableAs, written by a newer format whose data an older reader may
+	// read ignoring the fields it does not know, names that older version.
+	ReadableAs string          `json:"readableAs,omitempty"`
+	BootID     string          `json:"bootID"`
+	Checksum   string          `json:"checksum"`
+	Data       json.RawMessage `json:"data"`
 }
 
 // Checkpoint is a loaded checkpoint.
 type Checkpoint struct {
 	BootID string
 	Data   Data
+	// ReadVersion is the version of the file (VersionV1 for a converted
+	// wave-1 checkpoint, a newer one for a downgrade).
+	ReadVersion string
 }
 
 // ErrCorrupt marks a checkpoint that cannot be trusted.
 var ErrCorrupt = errors.New("checkpoint is corrupt")
+
+// ErrNewerVersion marks a checkpoint of a newer format that this version
+// cannot read: a downgrade. The file is not corrupt and must be kept.
+var ErrNewerVersion = errors.New("checkpoint was written by a newer tessera-node")
 
 // NewData returns empty state.
 func NewData() Data {
@@ -160,26 +184,33 @@ func Read(path string) (*Checkpoint, error) {
 	return Decode(raw)
 }
 
-// Decode parses and verifies checkpoint bytes.
+// Decode parses and verifies checkpoint bytes of any version this package
+// reads, converting older ones to the current Data.
 func Decode(raw []byte) (*Checkpoint, error) {
 	var env envelope
 	if err := json.Unmarshal(raw, &env); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
-	if env.Version != Version {
-		return nil, fmt.Errorf("%w: version %q, want %q", ErrCorrupt, env.Version, Version)
-	}
 	if got := checksum(env.Data); got != env.Checksum {
 		return nil, fmt.Errorf("%w: checksum %s does not match content (%s)", ErrCorrupt, env.Checksum, got)
 	}
-	cp := &Checkpoint{BootID: env.BootID, Data: NewData()}
-	dec := json.NewDecoder(bytes.NewReader(env.Data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&cp.Data); err != nil {
-		return nil, fmt.Errorf("%w: data: %w", ErrCorrupt, err)
+	cp := &Checkpoint{BootID: env.BootID, ReadVersion: env.Version}
+	var err error
+	switch {
+	case env.Version == VersionV2:
+		cp.Data, err = decodeV2(env.Data, true)
+	case env.Version == VersionV1:
+		cp.Data, err = decodeV1(env.Data, env.BootID)
+	case newer(env.Version) && env.ReadableAs == VersionV2:
+		// A newer format that keeps v2's meaning: read what v2 knows.
+		cp.Data, err = decodeV2(env.Data, false)
+	case newer(env.Version):
+		return nil, fmt.Errorf("%w: version %q (this tessera-node reads %s and %s); refusing to start so that the claims it records stay prepared: run the newer tessera-node again, or drain the node before downgrading", ErrNewerVersion, env.Version, VersionV1, VersionV2)
+	default:
+		return nil, fmt.Errorf("%w: unknown version %q", ErrCorrupt, env.Version)
 	}
-	if cp.Data.Claims == nil {
-		cp.Data.Claims = map[types.UID]*Claim{}
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s data: %w", ErrCorrupt, env.Version, err)
 	}
 	return cp, nil
 }

@@ -1,13 +1,15 @@
 // Package mig creates and destroys MIG devices (a GPU instance with one
-// compute instance) through NVML at an exact placement. Instances are
-// identified by (parent GPU, GPU instance profile, placement start), which
-// the plugin records before it creates them: that is enough to find an
-// instance again after a crash, whatever ID NVML gave it.
+// compute instance) through NVML at an exact placement. An instance is
+// identified by its GPU, its GPU instance and compute instance IDs and its
+// profile (FindByID, DestroyByID), which the plugin records when it creates
+// it; the placement (Find) only finds an instance the plugin may have
+// created just before a crash, before it could record the IDs.
 package mig
 
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
@@ -38,7 +40,7 @@ type Manager struct {
 }
 
 func nvmlErr(what string, ret nvml.Return) error {
-	return fmt.Errorf("%s: %s", what, nvml.ErrorString(ret))
+	return fmt.Errorf("%s: %w", what, ret)
 }
 
 func (m Manager) device(uuid string) (nvml.Device, error) {
@@ -65,10 +67,14 @@ func (m Manager) MigEnabled(uuid string) (bool, error) {
 	return cur == nvml.DEVICE_MIG_ENABLE, nil
 }
 
-// List returns the GPU instances on the GPU, of every profile.
+// List returns the GPU instances on the GPU, of every profile; none while
+// MIG mode is off.
 func (m Manager) List(uuid string) ([]Instance, error) {
 	dev, err := m.device(uuid)
 	if err != nil {
+		return nil, err
+	}
+	if on, err := m.MigEnabled(uuid); err != nil || !on {
 		return nil, err
 	}
 	var out []Instance
@@ -177,6 +183,33 @@ func (m Manager) Create(uuid string, giProfileID, start, size, ciProfileID uint3
 		return 0, 0, nvmlErr("get new compute instance info", ret)
 	}
 	return gii.Id, cii.Id, nil
+}
+
+// FindByID returns the GPU instance giID on the GPU if it is of the profile
+// (index) and starts at start and has compute instance ciID, else nil: an
+// instance with the same ID but another profile or placement is someone
+// else's.
+func (m Manager) FindByID(uuid string, giID, ciID, giProfileID, start uint32) (*Instance, error) {
+	list, err := m.List(uuid)
+	if err != nil {
+		return nil, err
+	}
+	for i := range list {
+		in := &list[i]
+		if in.GIID == giID && in.GIProfileID == giProfileID && in.Start == start && slices.Contains(in.CIIDs, ciID) {
+			return in, nil
+		}
+	}
+	return nil, nil
+}
+
+// DestroyByID removes the instance FindByID finds; none is not an error.
+func (m Manager) DestroyByID(uuid string, giID, ciID, giProfileID, start uint32) error {
+	inst, err := m.FindByID(uuid, giID, ciID, giProfileID, start)
+	if err != nil || inst == nil {
+		return err
+	}
+	return m.DestroyInstance(uuid, *inst)
 }
 
 // Destroy removes the GPU instance of the profile at start with all its

@@ -74,3 +74,32 @@ func TestCreateDestroy(t *testing.T) {
 		t.Errorf("instances left: %+v", list)
 	}
 }
+
+// TestFindByIDChecksProfileAndPlacement: after a reboot GPU instance IDs are
+// reused; an instance with the recorded ID but another profile is not the
+// recorded one and is not destroyed.
+func TestFindByIDChecksProfileAndPlacement(t *testing.T) {
+	lib, _ := nvmlbackend.NewMock("dgxh100", 1)
+	gpu := lib.GPUs()[0]
+	_ = gpu.EnableMIG()
+	m := Manager{Lib: lib}
+	// 1g.10gb at 2 and 1g.10gb+me at 2 share the GPU instance ID 9.
+	mine, err := gpu.CreateInstance("1g.10gb", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found, err := m.FindByID(gpu.UUID, mine.GIID, mine.CIID, uint32(mine.ProfileIndex), 2)
+	if err != nil || found == nil {
+		t.Fatalf("FindByID of the instance: %v %v", found, err)
+	}
+	if err := m.DestroyByID(gpu.UUID, mine.GIID, mine.CIID, uint32(mine.ProfileIndex), 2); err != nil || len(gpu.Instances()) != 0 {
+		t.Fatalf("DestroyByID: %v, left %v", err, gpu.Instances())
+	}
+	theirs, err := gpu.CreateInstance("1g.10gb+me", 2)
+	if err != nil || theirs.GIID != mine.GIID {
+		t.Fatalf("setup: %+v %v", theirs, err)
+	}
+	if err := m.DestroyByID(gpu.UUID, mine.GIID, mine.CIID, uint32(mine.ProfileIndex), 2); err != nil || len(gpu.Instances()) != 1 {
+		t.Fatalf("DestroyByID of another profile's instance with the same ID: %v, left %v", err, gpu.Instances())
+	}
+}

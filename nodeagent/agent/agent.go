@@ -343,7 +343,12 @@ func (a *Agent) Run(ctx context.Context) error {
 		},
 	})
 	factory.Start(ctx.Done())
-	defer factory.Shutdown()
+	defer func() {
+		// The informers stop with ctx: cancel first, or a return on a
+		// component's error waits for them forever.
+		cancel(errors.New("node agent stopped"))
+		factory.Shutdown()
+	}()
 
 	compErr := make(chan error, len(a.opts.Components))
 	for _, c := range a.opts.Components {

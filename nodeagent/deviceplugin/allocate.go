@@ -127,7 +127,7 @@ func (p *Plugin) deviceSpecs(units []*unit) ([]*pluginapi.DeviceSpec, error) {
 			specs = append(specs, &pluginapi.DeviceSpec{ContainerPath: path, HostPath: path, Permissions: "rw"})
 		}
 	}
-	for _, path := range tesseracdi.DefaultControlNodes {
+	for _, path := range tesseracdi.ControlNodes {
 		add(path)
 	}
 	for _, u := range units {

@@ -43,7 +43,16 @@ func createMIG(t testing.TB, lib nvml.Interface, gpu, giProfile, start int) {
 	if ret != nvml.SUCCESS {
 		t.Fatal(ret)
 	}
-	gi, ret := dev.CreateGpuInstanceWithPlacement(&info, &nvml.GpuInstancePlacement{Start: uint32(start), Size: info.SliceCount})
+	// The placement NVML lists at start (its size is in memory slices, not
+	// the profile's compute slices: 3g spans 4 of 8).
+	pls, _ := dev.GetGpuInstancePossiblePlacements(&info)
+	pl := nvml.GpuInstancePlacement{Start: uint32(start)}
+	for _, p := range pls {
+		if p.Start == uint32(start) {
+			pl = p
+		}
+	}
+	gi, ret := dev.CreateGpuInstanceWithPlacement(&info, &pl)
 	if ret != nvml.SUCCESS {
 		t.Fatalf("GPU %d: GPU instance of profile %d at %d: %v", gpu, giProfile, start, ret)
 	}

@@ -24,32 +24,41 @@ func (c *GpuConfig) ConfigKind() string { return GpuConfigKind }
 func (c *MigDeviceConfig) ConfigKind() string { return MigDeviceConfigKind }
 
 // Decode decodes one opaque configuration strictly: the apiVersion must be
-// gpu.tessera.dev/v1alpha1, the kind known, and unknown or duplicate fields
-// are errors (a typo must never silently turn into the default). The
+// gpu.tessera.dev/v1alpha1 or NVIDIA's resource.nvidia.com/v1beta1 (whose
+// GpuConfig and MigDeviceConfig are converted), the kind known, and unknown
+// or duplicate fields are errors (a typo must never silently turn into the
+// default). The
 // result is defaulted and validated; errors name the offending field.
 func Decode(data []byte) (Config, error) {
 	var tm metav1.TypeMeta
 	if err := kjson.UnmarshalCaseSensitivePreserveInts(data, &tm); err != nil {
 		return nil, fmt.Errorf("decode opaque config: %w", err)
 	}
-	if tm.APIVersion != SchemeGroupVersion.String() {
-		return nil, field.NotSupported(field.NewPath("apiVersion"), tm.APIVersion, []string{SchemeGroupVersion.String()})
-	}
 	var cfg Config
-	switch tm.Kind {
-	case GpuConfigKind:
-		cfg = &GpuConfig{}
-	case MigDeviceConfigKind:
-		cfg = &MigDeviceConfig{}
+	switch tm.APIVersion {
+	case SchemeGroupVersion.String():
+		switch tm.Kind {
+		case GpuConfigKind:
+			cfg = &GpuConfig{}
+		case MigDeviceConfigKind:
+			cfg = &MigDeviceConfig{}
+		default:
+			return nil, field.NotSupported(field.NewPath("kind"), tm.Kind, []string{GpuConfigKind, MigDeviceConfigKind})
+		}
+		strictErrs, err := kjson.UnmarshalStrict(data, cfg)
+		if err != nil {
+			return nil, fmt.Errorf("decode %s: %w", tm.Kind, err)
+		}
+		if len(strictErrs) > 0 {
+			return nil, fmt.Errorf("decode %s: %w", tm.Kind, errors.Join(strictErrs...))
+		}
+	case NVIDIAGroupVersion:
+		var err error
+		if cfg, err = decodeNVIDIA(tm.Kind, data); err != nil {
+			return nil, err
+		}
 	default:
-		return nil, field.NotSupported(field.NewPath("kind"), tm.Kind, []string{GpuConfigKind, MigDeviceConfigKind})
-	}
-	strictErrs, err := kjson.UnmarshalStrict(data, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("decode %s: %w", tm.Kind, err)
-	}
-	if len(strictErrs) > 0 {
-		return nil, fmt.Errorf("decode %s: %w", tm.Kind, errors.Join(strictErrs...))
+		return nil, field.NotSupported(field.NewPath("apiVersion"), tm.APIVersion, []string{SchemeGroupVersion.String(), NVIDIAGroupVersion})
 	}
 	switch c := cfg.(type) {
 	case *GpuConfig:
