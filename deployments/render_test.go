@@ -148,7 +148,8 @@ func TestDefaultRender(t *testing.T) {
 	if !slices.ContainsFunc(pod.Tolerations, func(tl corev1.Toleration) bool { return tl.Key == "nvidia.com/gpu" }) {
 		t.Errorf("tolerations = %v, want the nvidia.com/gpu taint tolerated", pod.Tolerations)
 	}
-	wantPaths := []string{"/dev/nvidia-caps", "/run/tessera/mps", "/var/lib/kubelet/plugins/gpu.tessera.dev", "/var/lib/kubelet/plugins_registry", "/var/run/cdi"}
+	// "/" is the driver root (node.driverRoot), mounted read-only at /driver-root.
+	wantPaths := []string{"/", "/dev/nvidia-caps", "/run/tessera/mps", "/var/lib/kubelet/plugins/gpu.tessera.dev", "/var/lib/kubelet/plugins_registry", "/var/run/cdi"}
 	if got := hostPaths(pod); !slices.Equal(got, wantPaths) {
 		t.Errorf("host paths = %v, want exactly %v (no device-plugin dir while it is off)", got, wantPaths)
 	}
@@ -260,7 +261,7 @@ var combinations = []struct {
 		values: `node: {devicePlugin: {enabled: true, config: {resourceName: nvidia.com/gpu, migStrategy: mixed, timeSlicing: {replicas: 4, renameByDefault: true}}}, partition: {default: {gpus: [{mode: devicePlugin}]}}}`,
 		check: func(t *testing.T, r *deployments.Rendered) {
 			ds := typed(t, r, "DaemonSet", "", &appsv1.DaemonSet{})
-			wantPaths := []string{"/dev/nvidia-caps", "/run/tessera/mps", "/var/lib/kubelet/device-plugins", "/var/lib/kubelet/plugins/gpu.tessera.dev", "/var/lib/kubelet/plugins_registry", "/var/run/cdi"}
+			wantPaths := []string{"/", "/dev/nvidia-caps", "/run/tessera/mps", "/var/lib/kubelet/device-plugins", "/var/lib/kubelet/plugins/gpu.tessera.dev", "/var/lib/kubelet/plugins_registry", "/var/run/cdi"}
 			if got := hostPaths(ds.Spec.Template.Spec); !slices.Equal(got, wantPaths) {
 				t.Errorf("host paths = %v, want %v (the DRA plugin runs anyway)", got, wantPaths)
 			}
@@ -279,6 +280,30 @@ var combinations = []struct {
 			checkPartition(t, r, func(cfg *partition.Config) bool {
 				return cfg.Default.GPUs[0].Mode == partition.ModeDevicePlugin
 			})
+		},
+	},
+	{
+		name:   "GPU operator driver root",
+		values: `node: {driverRoot: /run/nvidia/driver, cdiHookPath: /usr/local/nvidia/toolkit/nvidia-cdi-hook, orphanMIG: report}`,
+		check: func(t *testing.T, r *deployments.Rendered) {
+			ds := typed(t, r, "DaemonSet", "", &appsv1.DaemonSet{})
+			pod := ds.Spec.Template.Spec
+			args := pod.Containers[0].Args
+			for _, want := range []string{"--driver-root=/run/nvidia/driver", "--container-driver-root=/driver-root", "--nvidia-cdi-hook-path=/usr/local/nvidia/toolkit/nvidia-cdi-hook", "--orphan-mig=report"} {
+				if !slices.Contains(args, want) {
+					t.Errorf("args %v lack %s", args, want)
+				}
+			}
+			if !slices.Contains(hostPaths(pod), "/run/nvidia/driver") {
+				t.Errorf("host paths %v lack the driver root", hostPaths(pod))
+			}
+			mounted := false
+			for _, m := range pod.Containers[0].VolumeMounts {
+				mounted = mounted || (m.MountPath == "/driver-root" && m.ReadOnly)
+			}
+			if !mounted {
+				t.Error("the driver root is not mounted read-only at /driver-root")
+			}
 		},
 	},
 	{
