@@ -47,6 +47,7 @@ type discoverOutput struct {
 	Entry             string               `json:"configEntry"`
 	GPUs              []discoverGPU        `json:"gpus"`
 	Degraded          []string             `json:"degraded,omitempty"`
+	Unavailable       []string             `json:"unavailable,omitempty"`
 	Counts            slices.Counts        `json:"counts"`
 	Slices            []discoverSliceShape `json:"slices"`
 }
@@ -55,6 +56,7 @@ type discoverGPU struct {
 	Index        int      `json:"index"`
 	UUID         string   `json:"uuid"`
 	ProductName  string   `json:"productName"`
+	PCIeRoot     string   `json:"pcieRoot,omitempty"`
 	Mode         string   `json:"mode"`
 	Rule         string   `json:"rule"`
 	MigCapable   bool     `json:"migCapable"`
@@ -85,7 +87,11 @@ func discover(ctx context.Context, out io.Writer, backend, configPath, nodeLabel
 		return err
 	}
 	defer lib.Shutdown()
-	node, err := discovery.Discover(ctx, lib)
+	roots, err := nvmlbackend.RootsOf(lib)
+	if err != nil {
+		return err
+	}
+	node, err := discovery.DiscoverWith(ctx, lib, discovery.Options{SysRoot: roots.Sys})
 	if err != nil {
 		return fmt.Errorf("discover GPUs: %w", err)
 	}
@@ -95,8 +101,11 @@ func discover(ctx context.Context, out io.Writer, backend, configPath, nodeLabel
 	}
 	res := slices.Build(slices.Input{Node: node, Plan: plan, Features: features})
 	o := discoverOutput{DriverVersion: node.DriverVersion, CUDADriverVersion: node.CUDADriverVersion, Entry: plan.Entry, Degraded: res.Degraded, Counts: res.Counts}
+	for _, u := range node.Unavailable {
+		o.Unavailable = append(o.Unavailable, fmt.Sprintf("GPU %d: %v", u.Index, u.Err))
+	}
 	for i, g := range node.GPUs {
-		dg := discoverGPU{Index: g.Index, UUID: g.UUID, ProductName: g.ProductName, Mode: string(plan.GPUs[i].Mode), Rule: plan.GPUs[i].Field, MigCapable: g.MigCapable, MigEnabled: g.MigEnabled, MigProfiles: g.ProfileNames()}
+		dg := discoverGPU{Index: g.Index, UUID: g.UUID, ProductName: g.ProductName, PCIeRoot: g.PCIeRoot, Mode: string(plan.GPUs[i].Mode), Rule: plan.GPUs[i].Field, MigCapable: g.MigCapable, MigEnabled: g.MigEnabled, MigProfiles: g.ProfileNames()}
 		for _, in := range g.MigInstances {
 			dg.MigInstances = append(dg.MigInstances, fmt.Sprintf("%s@%d %s", in.Profile, in.Placement.Start, in.UUID))
 		}

@@ -102,7 +102,7 @@ func (o *options) addPluginFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.podUID, "pod-uid", o.podUID, "UID of this pod (default $POD_UID, from the downward API); enables seamless rolling updates of the kubelet plugin.")
 	fs.StringVar(&o.devicePluginConfig, "device-plugin-config", "", "Device plugin config (YAML, see docs/deviceplugin.md) for GPUs the partition config puts in devicePlugin mode; empty uses the defaults (tessera.dev/gpu).")
 	fs.StringVar(&o.orphanMIG, "orphan-mig", o.orphanMIG, fmt.Sprintf("What startup does with MIG instances tessera created that no claim holds: %v. Instances tessera did not create are never destroyed; report also lists them as events.", draplugin.OrphanMIGPolicies))
-	fs.StringVar(&o.driverRoot, "driver-root", o.driverRoot, "Host directory where the NVIDIA driver is installed: / for a driver on the host, /run/nvidia/driver for the GPU operator's driver container. CDI specs mount the driver's libraries and binaries from there. A mock --backend uses its own driver installation unless this is set.")
+	fs.StringVar(&o.driverRoot, "driver-root", o.driverRoot, "Host directory where the NVIDIA driver is installed: / for a driver on the host, /run/nvidia/driver for the GPU operator's driver container. CDI specs mount the driver's libraries and binaries from there. A mock --backend uses its own driver installation unless this names another directory than /.")
 	fs.StringVar(&o.containerDriverRoot, "container-driver-root", "", "Where --driver-root is mounted inside this container (default: the same path).")
 	fs.StringVar(&o.cdiHookPath, "nvidia-cdi-hook-path", o.cdiHookPath, "Host path of nvidia-cdi-hook (NVIDIA container toolkit), which the container runtime runs to create the driver libraries' links and update the ldcache; the GPU operator installs it as /usr/local/nvidia/toolkit/nvidia-cdi-hook.")
 	fs.StringVar(&o.stateFile, "state-file", "", "File where the agent keeps the last description of every GPU and their XID/ECC conditions over restarts (default: node-state.json in --kubelet-plugin-dir); it must be on the host.")
@@ -320,10 +320,11 @@ func run(ctx context.Context, o *options, components []agent.Component) error {
 }
 
 // roots says where the driver installation is as this process sees it: a
-// mock backend's own unless --driver-root is given, else the container's
+// mock backend's own unless --driver-root names another directory than /
+// (the chart always passes --container-driver-root), else the container's
 // mount of --driver-root.
 func (o *options) roots(lib nvml.Interface) (*nvmlbackend.Roots, error) {
-	if _, mock := lib.(*nvmlbackend.Mock); mock && o.driverRoot == "/" && o.containerDriverRoot == "" {
+	if _, mock := lib.(*nvmlbackend.Mock); mock && o.driverRoot == "/" {
 		r, err := nvmlbackend.RootsOf(lib)
 		if err != nil {
 			return nil, err
