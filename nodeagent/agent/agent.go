@@ -243,7 +243,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		a.config = cfg
 	}
-	roots := nvmlbackend.HostRoots
+	var roots nvmlbackend.Roots
 	if a.opts.Roots != nil {
 		roots = *a.opts.Roots
 	} else if roots, err = nvmlbackend.RootsOf(a.opts.NVML); err != nil {
