@@ -369,3 +369,36 @@ func TestCheckpointVersions(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestPrepareTakesTheGPULock: a MIG prepare waits for the GPU's lock, which
+// the node agent holds while it changes the GPU's MIG state (partition.Apply).
+func TestPrepareTakesTheGPULock(t *testing.T) {
+	e := newEnv(t)
+	p := e.start()
+	c := e.claim("locked", []request{{name: "mig", class: "mig", selector: onGPU0}})
+	unlock := e.agent.GPULocks().Lock(e.lib.GPUs()[0].UUID)
+	done := make(chan error, 1)
+	go func() {
+		res, err := p.PrepareResourceClaims(e.ctx, []*resourceapi.ResourceClaim{c})
+		if err == nil {
+			err = res[c.UID].Err
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		unlock()
+		t.Fatalf("prepare finished while the agent held the GPU's lock: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if got := e.migInstances(); len(got) != 0 {
+		t.Fatalf("an instance was created under the agent's lock: %v", got)
+	}
+	unlock()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := e.migInstances(); len(got) != 1 {
+		t.Fatalf("instances %v", got)
+	}
+}

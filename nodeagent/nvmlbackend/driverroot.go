@@ -267,10 +267,7 @@ func mknod(path string, major, minor uint32) error {
 	if err := os.WriteFile(path, []byte(fmt.Sprintf("c %d:%d\n", major, minor)), 0o666); err != nil {
 		return err
 	}
-	if !devicesAreFiles {
-		devicesAreFiles = true
-		_ = os.Setenv("__NVCT_TESTING_DEVICES_ARE_FILES", "true")
-	}
+	devicesAreFiles.Do(func() { _ = os.Setenv("__NVCT_TESTING_DEVICES_ARE_FILES", "true") })
 	return nil
 }
 

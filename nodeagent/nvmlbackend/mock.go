@@ -2,7 +2,6 @@ package nvmlbackend
 
 import (
 	"fmt"
-	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -1333,6 +1332,7 @@ func (g *GPU) EnableMIG() error {
 	return nil
 }
 
-// devicesAreFiles is set once DriverRoot had to write device nodes as
-// regular files (no CAP_MKNOD).
-var devicesAreFiles = os.Getenv("__NVCT_TESTING_DEVICES_ARE_FILES") == "true"
+// devicesAreFiles tells nvcdi, once, that device nodes are regular files
+// (DriverRoot without CAP_MKNOD). It is nvcdi's own test switch and
+// process-wide.
+var devicesAreFiles sync.Once
