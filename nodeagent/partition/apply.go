@@ -81,11 +81,11 @@ func check(g *discovery.GPU, gp *GPUPlan) error {
 	if g.Lost {
 		return nil
 	}
+	// A mode published through DRA whose MIG mode the agent turns off.
+	if gp.Mode.PublishedThroughDRA() && !gp.Mode.NeedsMIGMode() && g.MigEnabled && len(g.MigInstances) > 0 {
+		return fmt.Errorf("%s: GPU %d (%s) has %d MIG instances (%s) but is configured %s; destroy them first", gp.Field, g.Index, g.UUID, len(g.MigInstances), instances(g.MigInstances), gp.Mode)
+	}
 	switch gp.Mode {
-	case ModeWhole, ModeShared:
-		if g.MigEnabled && len(g.MigInstances) > 0 {
-			return fmt.Errorf("%s: GPU %d (%s) has %d MIG instances (%s) but is configured %s; destroy them first", gp.Field, g.Index, g.UUID, len(g.MigInstances), instances(g.MigInstances), gp.Mode)
-		}
 	case ModeStaticMIG:
 		if len(gp.Layout) == 0 || len(g.MigInstances) == 0 {
 			return nil

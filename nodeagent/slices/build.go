@@ -142,6 +142,11 @@ func Build(in Input) Result {
 		g := &in.Node.GPUs[i]
 		gp := planFor(plan, g)
 		mode := gp.Mode
+		if !mode.PublishedThroughDRA() {
+			// Served as an extended resource by the device plugin: never
+			// published, so no DRA claim can get it too.
+			continue
+		}
 		var devs []resourceapi.Device
 		switch mode {
 		case partition.ModeWhole:
@@ -173,9 +178,6 @@ func Build(in Input) Result {
 		case partition.ModeShared:
 			devs = append(devs, sharedDevice(in.Node, g, gp.Shared))
 			res.Counts.Shared++
-		case partition.ModeDevicePlugin:
-			// Served as an extended resource by the device plugin: never
-			// published, so no DRA claim can get it too.
 		}
 		if w := in.Withdrawn[g.UUID]; len(w) > 0 {
 			kept := devs[:0]
