@@ -27,6 +27,7 @@ func TestAgentComponent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = lib.Shutdown() })
 	e.lib = lib
 	features := slices.AllFeatures
 	a, err := agent.New(agent.Options{

@@ -405,6 +405,7 @@ func TestBadConfigFailsAtStart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = lib.Shutdown() })
 	node := createNode(t, client, nil)
 	for name, tc := range map[string]struct{ cfg, want string }{
 		"unsupported profile": {`
@@ -463,6 +464,7 @@ func TestUnreachableAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = lib.Shutdown() })
 	a, err := agent.New(agent.Options{KubeClient: client, NodeName: "n1", NVML: lib, StartupTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)

@@ -50,6 +50,7 @@ func TestAgentComponentServesOnlyDevicePluginGPUs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = lib.Shutdown() })
 	features := slices.AllFeatures
 	gatherer := &Gatherer{}
 	a, err := agent.New(agent.Options{

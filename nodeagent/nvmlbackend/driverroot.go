@@ -93,7 +93,8 @@ func (m *Mock) DriverRoot() (string, error) {
 	if m.root != nil {
 		return m.root.dir, nil
 	}
-	dir, err := os.MkdirTemp("", "tessera-driver-"+m.Machine+"-")
+	removeStaleRoots()
+	dir, err := os.MkdirTemp("", fmt.Sprintf("%s%s-%d-", rootPrefix, m.Machine, os.Getpid()))
 	if err != nil {
 		return "", fmt.Errorf("fake driver root: %w", err)
 	}
@@ -104,6 +105,30 @@ func (m *Mock) DriverRoot() (string, error) {
 	}
 	m.root = r
 	return dir, nil
+}
+
+// rootPrefix starts the directories DriverRoot creates:
+// tessera-driver-<machine>-<pid>-<random>.
+const rootPrefix = "tessera-driver-"
+
+// removeStaleRoots removes the driver roots of processes that are gone (a
+// machine that was never shut down, a killed process), so that they do
+// not pile up in the temporary directory.
+func removeStaleRoots() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), rootPrefix+"*"))
+	for _, d := range dirs {
+		parts := strings.Split(filepath.Base(d), "-")
+		if len(parts) < 3 {
+			continue
+		}
+		pid, err := strconv.Atoi(parts[len(parts)-2])
+		if err != nil || pid <= 0 || pid == os.Getpid() {
+			continue
+		}
+		if err := unix.Kill(pid, 0); errors.Is(err, unix.ESRCH) {
+			_ = os.RemoveAll(d)
+		}
+	}
 }
 
 // WriteDriverRoot lays out the machine's driver installation in dir (see

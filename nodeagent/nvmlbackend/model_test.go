@@ -4,6 +4,7 @@ import (
 	"debug/elf"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -404,5 +405,26 @@ func TestContainerView(t *testing.T) {
 	lost := lib.ContainerView(container(append(control, cdev("/dev/nvidia0", 195, 0)), libs, links))
 	if len(lost.Devices) != 0 || !strings.Contains(strings.Join(lost.Problems, " "), "lost") {
 		t.Fatalf("lost GPU: %+v", lost)
+	}
+}
+
+// TestStaleDriverRootsAreRemoved: a driver root left by a process that is
+// gone (never shut down, killed) is removed when the next one is made.
+func TestStaleDriverRootsAreRemoved(t *testing.T) {
+	cmd := exec.Command("true")
+	if err := cmd.Run(); err != nil {
+		t.Skip(err)
+	}
+	stale := filepath.Join(os.TempDir(), fmt.Sprintf("tessera-driver-dgxh100-%d-123", cmd.Process.Pid))
+	if err := os.MkdirAll(filepath.Join(stale, "dev"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	lib, _ := nvmlbackend.NewMock("dgxh100", 1)
+	if _, err := lib.DriverRoot(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lib.Shutdown() })
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Fatalf("stale root of pid %d kept: %v", cmd.Process.Pid, err)
 	}
 }
