@@ -112,7 +112,10 @@ var manifestCases = []manifestCase{
 		}},
 	},
 	{
-		// driver 1 x 1, workers 1 x 4: one gang of 5.
+		// driver 1 x parallelism 1, workers 1 x parallelism 4; startupPolicy InOrder:
+		// JobSet creates the workers' Job only once the driver's is ready, so a gang
+		// of 5 would never have its pods at once. Stage 0 = driver (gang of 1),
+		// stage 1 = workers (gang of 4).
 		file: "JobSet/jobset__startup-driver-ready.yaml",
 		workloads: []wantWorkload{{kind: "JobSet", name: "startup-driver-ready", definition: "jobset-x-k8s-io-jobset-v1alpha2",
 			pods: 5,
@@ -120,7 +123,7 @@ var manifestCases = []manifestCase{
 				{"driver", RoleLeader, true, 1, 1, 1, 0},
 				{"workers", RoleWorker, true, 4, 4, 4, 0},
 			},
-			gangs: []wantGang{{"jobset", 5, 1}},
+			gangs: []wantGang{{"jobset-stage-0", 1, 1}, {"jobset-stage-1", 4, 1}},
 		}},
 	},
 	{
