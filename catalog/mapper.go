@@ -10,12 +10,12 @@ import (
 
 // instance is one instance of a component in a mapped object.
 type instance struct {
-	comp       *component
-	id         string
-	replicas   int64
-	min        int64
-	hasMin     bool
-	max        int64
+	comp     *component
+	id       string
+	replicas int64
+	min      int64
+	hasMin   bool
+	max      int64
 	template map[string]any
 	demand   podDemand
 	stage    int64
