@@ -136,13 +136,13 @@ type Resolver struct {
 	getters map[schema.GroupVersionKind]getter
 	// full marks kinds cached as whole objects (they can be mapped); the others
 	// are cached as metadata only.
-	full     map[schema.GroupVersionKind]bool
-	missing  map[schema.GroupVersionKind]bool
+	full    map[schema.GroupVersionKind]bool
+	missing map[schema.GroupVersionKind]bool
 	// lookAgain asks the rediscovery loop to look for missing kinds now: a pod
 	// is owned by one (its CRD appeared since the last look).
 	lookAgain chan struct{}
 	synced    []cache.InformerSynced
-	startCtx context.Context
+	startCtx  context.Context
 
 	defs *clusterDefinitions // nil unless WithClusterDefinitions
 	wg   sync.WaitGroup

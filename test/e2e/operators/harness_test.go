@@ -499,7 +499,6 @@ func simDuration(obj *unstructured.Unstructured, match func(path []string) bool,
 	annotateTemplates(obj.Object, nil, match, simkubelet.AnnotationDuration, d.String())
 }
 
-
 // trainingRuntime installs one of Trainer's own runtimes (as built beside the
 // operator, from its module) as a TrainingRuntime of the test's namespace, with
 // tessera-scheduler and a GPU claim per pod; it returns its name.
