@@ -294,6 +294,13 @@ func (h *harness) create(u *unstructured.Unstructured) *unstructured.Unstructure
 	h.t.Helper()
 	gvk := u.GroupVersionKind()
 	m, err := h.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+	if meta.IsNoMatchError(err) {
+		// A CRD the test installed after the mapper last looked.
+		if rs, ok := h.mapper.(meta.ResettableRESTMapper); ok {
+			rs.Reset()
+		}
+		m, err = h.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+	}
 	if err != nil {
 		h.t.Fatalf("%s: %v", gvk, err)
 	}
