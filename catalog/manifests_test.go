@@ -128,20 +128,23 @@ var manifestCases = []manifestCase{
 	},
 	{
 		// no min-scale annotation (only target): one revision of 1 pod, gang of 1.
+		// Knative defaults: initial-scale 1, min-scale 0 (scale to zero): 1 pod,
+		// min 0; no min-scale, so no gang.
 		file: "KnativeService/docs__autoscale-go-service.yaml",
 		workloads: []wantWorkload{{kind: "Service", name: "autoscale-go", definition: "serving-knative-dev-service-v1",
-			pods: 1, comps: []wantComp{{"revision", RoleService, true, 1, 1, 1, 0}}, gangs: []wantGang{{"revision", 1, 1}}}},
+			pods: 1, comps: []wantComp{{"revision", RoleService, true, 1, 0, 1, 0}}}},
 	},
 	{
+		// As above: initial-scale 1, min-scale 0, no gang.
 		file: "KnativeService/docs__helloworld-go-service.yaml",
 		workloads: []wantWorkload{{kind: "Service", name: "helloworld-go", definition: "serving-knative-dev-service-v1",
-			pods: 1, comps: []wantComp{{"revision", RoleService, true, 1, 1, 1, 0}}, gangs: []wantGang{{"revision", 1, 1}}}},
+			pods: 1, comps: []wantComp{{"revision", RoleService, true, 1, 0, 1, 0}}}},
 	},
 	{
-		// two containers, one pod.
+		// two containers, one pod; min-scale 0 by default, no gang.
 		file: "KnativeService/docs__multi-container-service.yaml",
 		workloads: []wantWorkload{{kind: "Service", name: "multi-container", definition: "serving-knative-dev-service-v1",
-			pods: 1, comps: []wantComp{{"revision", RoleService, true, 1, 1, 1, 0}}, gangs: []wantGang{{"revision", 1, 1}}}},
+			pods: 1, comps: []wantComp{{"revision", RoleService, true, 1, 0, 1, 0}}}},
 	},
 	{
 		// min-scale "3": the revision runs 3 pods, and its gang needs all 3; no max-scale.
