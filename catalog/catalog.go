@@ -308,6 +308,7 @@ func (cd *compiled) mapObject(ctx context.Context, obj *unstructured.Unstructure
 				GPUsPerPod:       perPod,
 				GPUUnitsPerPod:   perPodUnits,
 				Stage:            in.stage,
+				GangKey:          in.gangKey,
 				UnresolvedClaims: in.demand.unresolved,
 				PodTemplate:      in.template,
 			}

@@ -19,6 +19,7 @@ type instance struct {
 	template map[string]any
 	demand   podDemand
 	stage    int64
+	gangKey  string
 	display  string
 }
 
@@ -78,6 +79,10 @@ func (c *compiled) evalComponent(ctx context.Context, comp *component, isRoot bo
 	if err != nil {
 		return nil, err
 	}
+	keys, err := all(comp.gangKey)
+	if err != nil {
+		return nil, err
+	}
 	n := 1
 	switch {
 	case isRoot:
@@ -134,6 +139,9 @@ func (c *compiled) evalComponent(ctx context.Context, comp *component, isRoot bo
 		}
 		if in.stage, _, err = count(stages, comp.stage); err != nil {
 			return nil, err
+		}
+		if i < len(keys) && keys[i] != nil {
+			in.gangKey = str(keys[i])
 		}
 		switch {
 		case hasR:
@@ -461,6 +469,7 @@ func (c *compiled) gangs(ctx context.Context, m *mapping) ([]Gang, map[*instance
 		if len(rest) > 0 {
 			parts = append(parts, part{name: g.name, ins: rest, count: 1, perGangOf: 1})
 		}
+		parts = splitKeys(parts)
 		parts = splitStages(parts, func(p part, stage int64, ins []*instance) part {
 			p.name = fmt.Sprintf("%s-stage-%d", p.name, stage)
 			p.ins = ins
@@ -508,6 +517,36 @@ type gangPart struct {
 	perGangOf int64
 	// stages is the number of startup stages of the part it was split from.
 	stages int64
+}
+
+// splitKeys divides each part whose instances have different gang keys into
+// one part per key, named "<part>-<key>" ("" keeps the part's name), in the
+// order the keys first appear.
+func splitKeys(parts []gangPart) []gangPart {
+	var out []gangPart
+	for _, p := range parts {
+		byKey := map[string][]*instance{}
+		var order []string
+		for _, in := range p.ins {
+			if _, ok := byKey[in.gangKey]; !ok {
+				order = append(order, in.gangKey)
+			}
+			byKey[in.gangKey] = append(byKey[in.gangKey], in)
+		}
+		if len(order) == 1 && order[0] == "" {
+			out = append(out, p)
+			continue
+		}
+		for _, k := range order {
+			q := p
+			q.ins = byKey[k]
+			if k != "" {
+				q.name = p.name + "-" + k
+			}
+			out = append(out, q)
+		}
+	}
+	return out
 }
 
 // splitStages divides each part whose instances are in several startup stages

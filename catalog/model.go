@@ -115,6 +115,9 @@ type Component struct {
 	// Stage is the startup stage of the component's pods (0 unless the
 	// definition's startupDefinition says the operator creates them later).
 	Stage int64 `json:"stage,omitempty"`
+	// GangKey splits the component's pod group into gangs (the definition's
+	// gangKeyPath): the gang is "<group>-<key>".
+	GangKey string `json:"gangKey,omitempty"`
 	// UnresolvedClaims names resource claims whose devices could not be counted
 	// (the claim or template was not available).
 	UnresolvedClaims []string `json:"unresolvedClaims,omitempty"`

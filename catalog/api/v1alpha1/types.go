@@ -108,6 +108,14 @@ type ComponentDefinition struct {
 	// the component's instances (a tessera extension of the format).
 	// +optional
 	StartupDefinition *StartupDefinition `json:"startupDefinition,omitempty"`
+	// GangKeyPath yields one key per instance (a tessera extension of the
+	// format): instances of one pod group with different keys are different
+	// all-or-nothing gangs, named "<group>-<key>" (an empty key keeps the group's
+	// name). For operators that cut one group into several gangs, as Grove makes
+	// a base PodGang and one scaled PodGang per scaling-group replica beyond
+	// minAvailable.
+	// +optional
+	GangKeyPath *string `json:"gangKeyPath,omitempty"`
 }
 
 // StartupDefinition describes staged creation: an operator that creates some
