@@ -26,6 +26,7 @@ import (
 // with a False condition naming the field, and JobSets keep their built-in
 // gangs.
 func TestClusterDefinitionAtRunTime(t *testing.T) {
+	t.Parallel()
 	h := setup(t)
 	group := framework.UniqueName("x") + ".example.tessera.dev"
 	crd := &apiextensionsv1.CustomResourceDefinition{

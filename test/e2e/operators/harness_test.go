@@ -160,16 +160,15 @@ func setup(t *testing.T) *harness {
 	return h
 }
 
-// deleteNamespace removes the test's objects and waits until their pods are
-// gone, so that the next test finds the GPUs free.
+// deleteNamespace removes the test's objects. It does not wait for them to go:
+// every test fits in the sandbox beside the others (each takes at most 8 of its
+// 32 GPUs, and the one gang that does not fit never binds).
 func (h *harness) deleteNamespace() {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_ = h.client.CoreV1().Namespaces().Delete(ctx, h.ns, metav1.DeleteOptions{})
-	_ = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		_, err := h.client.CoreV1().Namespaces().Get(ctx, h.ns, metav1.GetOptions{})
-		return apierrors.IsNotFound(err), nil
-	})
+	if err := h.client.CoreV1().Namespaces().Delete(ctx, h.ns, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		h.t.Errorf("delete namespace %s: %v", h.ns, err)
+	}
 }
 
 // load reads an upstream example from test/testdata/workloads and prepares it

@@ -20,6 +20,7 @@ const placeTimeout = 2 * time.Minute
 // startup policy): the JobSet controller creates both Jobs at once, one gang of
 // 4 + 1 = 5.
 func TestJobSetOneGang(t *testing.T) {
+	t.Parallel()
 	h := setup(t)
 	h.create(h.load("JobSet/jobset__paralleljobs.yaml", nil))
 	h.waitGangs(map[string]gang{"jobset-paralleljobs-jobset": {5, 5}}, 0, placeTimeout)
@@ -30,6 +31,7 @@ func TestJobSetOneGang(t *testing.T) {
 // driver's Job (1 pod) is ready. One gang of 5 would wait forever for pods that
 // do not exist yet; a gang per stage places the driver, then the workers.
 func TestJobSetInOrderRunsEveryStage(t *testing.T) {
+	t.Parallel()
 	h := setup(t)
 	h.create(h.load("JobSet/jobset__startup-driver-ready.yaml", nil))
 	h.waitGangs(map[string]gang{
@@ -43,6 +45,7 @@ func TestJobSetInOrderRunsEveryStage(t *testing.T) {
 // succeed after 3s), then "driver" is created. Stages: workers 0 (gang of 4),
 // driver 1 (gang of 1).
 func TestJobSetDependsOnRunsEveryStage(t *testing.T) {
+	t.Parallel()
 	h := setup(t)
 	js := h.load("JobSet/jobset__paralleljobs.yaml", nil)
 	js.SetName("depends-on")
@@ -63,6 +66,7 @@ func TestJobSetDependsOnRunsEveryStage(t *testing.T) {
 // driver 1 pod, then workers of 40 one-GPU pods on 32 GPUs): the driver runs,
 // and not one worker is bound, for as long as it does not fit.
 func TestStageIsAllOrNothing(t *testing.T) {
+	t.Parallel()
 	h := setup(t)
 	js := h.load("JobSet/jobset__startup-driver-ready.yaml", nil)
 	js.SetName("too-big")
@@ -94,6 +98,7 @@ func TestStageIsAllOrNothing(t *testing.T) {
 // replicas 2: each group — a leader and a StatefulSet of 3 workers created by
 // the LWS controller — is a gang of 4.
 func TestLWSTwoGroupsOneGangEach(t *testing.T) {
+	t.Parallel()
 	h := setup(t)
 	lws := h.load("LeaderWorkerSet/lws__leaderworkerset_v1_leaderworkerset.yaml", nil)
 	if err := unstructured.SetNestedField(lws.Object, int64(2), "spec", "replicas"); err != nil {
@@ -111,6 +116,7 @@ func TestLWSTwoGroupsOneGangEach(t *testing.T) {
 // controller creates a group's workers only once its leader is ready: per group
 // a gang of the leader (1), then one of the 3 workers.
 func TestLWSLeaderReadyRunsEveryStage(t *testing.T) {
+	t.Parallel()
 	h := setup(t)
 	lws := h.load("LeaderWorkerSet/lws__leaderworkerset_v1_leaderworkerset.yaml", nil)
 	lws.SetName("leader-ready")
@@ -135,6 +141,7 @@ func TestLWSLeaderReadyRunsEveryStage(t *testing.T) {
 // group (0 + 3); the gang is the head plus each group's minReplicas when > 0,
 // else its replicas: 1 + 0 + 2 = 3, with 4 pods in it.
 func TestRayClusterWorkerGroupsAndBounds(t *testing.T) {
+	t.Parallel()
 	h := setup(t)
 	rc := h.load("RayCluster/kuberay__ray-cluster.autoscaler.yaml", nil)
 	groups, _, _ := unstructured.NestedSlice(rc.Object, "spec", "workerGroupSpecs")
@@ -154,6 +161,7 @@ func TestRayClusterWorkerGroupsAndBounds(t *testing.T) {
 // of one). The sample's submitter uses the default template; the test gives it
 // tessera-scheduler through spec.submitterPodTemplate.
 func TestRayJobSubmitterOutsideTheGang(t *testing.T) {
+	t.Parallel()
 	h := setup(t)
 	rj := h.load("RayJob/kuberay__ray-job.sample.yaml", nil)
 	sub := map[string]any{
@@ -173,6 +181,7 @@ func TestRayJobSubmitterOutsideTheGang(t *testing.T) {
 // TestMPIJob: the upstream pi example (launcher 1, workers 2), launcher created
 // at startup: one gang of 3.
 func TestMPIJob(t *testing.T) {
+	t.Parallel()
 	h := setup(t)
 	mj := h.load("MPIJob/mpi-operator__pi.yaml", nil)
 	h.create(mj)
@@ -183,6 +192,7 @@ func TestMPIJob(t *testing.T) {
 // WaitForWorkersReady the MPI Operator creates the launcher Job only once both
 // workers are ready: workers gang of 2, then launcher gang of 1.
 func TestMPIJobWaitForWorkersReadyRunsEveryStage(t *testing.T) {
+	t.Parallel()
 	h := setup(t)
 	mj := h.load("MPIJob/mpi-operator__pi.yaml", nil)
 	mj.SetName("pi-staged")
@@ -207,6 +217,7 @@ func TestMPIJobWaitForWorkersReadyRunsEveryStage(t *testing.T) {
 // ("must specify one of: resourceClaimName, resourceClaimTemplateName"). Its
 // pods cannot carry DRA claims; the sandbox's GPUs are DRA only.
 func TestPyTorchJobElastic(t *testing.T) {
+	t.Parallel()
 	h := setup(t)
 	pj := h.load("PyTorchJob/training-operator__simple.yaml", func([]string) bool { return false })
 	if err := unstructured.SetNestedField(pj.Object, int64(3), "spec", "pytorchReplicaSpecs", "Worker", "replicas"); err != nil {
@@ -223,6 +234,7 @@ func TestPyTorchJobElastic(t *testing.T) {
 // (copied with tessera-scheduler and a GPU claim per node): Trainer creates a
 // JobSet whose "node" job runs numNodes = 2 pods: one gang of 2.
 func TestTrainJob(t *testing.T) {
+	t.Parallel()
 	h := setup(t)
 	rt := h.trainingRuntime("torch-distributed")
 	tj := h.parse(`apiVersion: trainer.kubeflow.org/v1alpha1
