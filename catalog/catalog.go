@@ -235,6 +235,9 @@ func (cd *compiled) mapObject(ctx context.Context, obj *unstructured.Unstructure
 		Components: []Component{},
 		Gangs:      []Gang{},
 	}
+	if w.Name == "" {
+		w.GenerateName = obj.GetGenerateName()
+	}
 	for _, comp := range cd.comps {
 		for _, in := range m.instances[comp] {
 			in.display = comp.name
@@ -252,6 +255,25 @@ func (cd *compiled) mapObject(ctx context.Context, obj *unstructured.Unstructure
 	if gangs != nil {
 		w.Gangs = gangs
 	}
+	// Pods naming one ResourceClaim share its devices: count them once per
+	// workload, and give each pod its share of the claim's units.
+	sharers := map[string]int64{}
+	for _, comp := range cd.comps {
+		if !comp.podLeaf {
+			continue
+		}
+		for _, in := range m.instances[comp] {
+			for _, sc := range in.demand.shared {
+				sharers[sc.name] += in.replicas
+			}
+		}
+	}
+	type sharedUse struct {
+		claim          sharedClaim
+		pods, min, max int64
+	}
+	shared := map[string]*sharedUse{}
+	var sharedOrder []string
 	for i, comp := range cd.comps {
 		if i == 0 && !comp.podLeaf {
 			continue
@@ -267,6 +289,13 @@ func (cd *compiled) mapObject(ctx context.Context, obj *unstructured.Unstructure
 			if in.hasMin {
 				min = in.min
 			}
+			perPod, perPodUnits := in.demand.gpus, in.demand.units
+			for _, sc := range in.demand.shared {
+				perPod += sc.gpus
+				if n := sharers[sc.name]; n > 0 {
+					perPodUnits += sc.units / float64(n)
+				}
+			}
 			wc := Component{
 				Name:             in.display,
 				Component:        comp.name,
@@ -276,8 +305,11 @@ func (cd *compiled) mapObject(ctx context.Context, obj *unstructured.Unstructure
 				Replicas:         in.replicas,
 				MinReplicas:      min,
 				MaxReplicas:      in.max,
-				GPUsPerPod:       in.gpus,
-				UnresolvedClaims: in.unresolved,
+				GPUsPerPod:       perPod,
+				GPUUnitsPerPod:   perPodUnits,
+				Stage:            in.stage,
+				GangKey:          in.gangKey,
+				UnresolvedClaims: in.demand.unresolved,
 				PodTemplate:      in.template,
 			}
 			if comp.parent != nil {
@@ -287,11 +319,46 @@ func (cd *compiled) mapObject(ctx context.Context, obj *unstructured.Unstructure
 				wc.Kind = comp.kind.Kind
 			}
 			w.Components = append(w.Components, wc)
-			if comp.podLeaf {
-				w.Pods += in.replicas
-				w.GPUs += float64(in.replicas) * in.gpus
+			if !comp.podLeaf {
+				continue
+			}
+			w.Pods += in.replicas
+			w.MinPods += min
+			w.MaxPods += in.max
+			d := in.demand
+			w.GPUs += float64(in.replicas) * d.gpus
+			w.MinGPUs += float64(min) * d.gpus
+			w.MaxGPUs += float64(in.max) * d.gpus
+			w.GPUUnits += float64(in.replicas) * d.units
+			w.MinGPUUnits += float64(min) * d.units
+			w.MaxGPUUnits += float64(in.max) * d.units
+			for _, sc := range d.shared {
+				u, ok := shared[sc.name]
+				if !ok {
+					u = &sharedUse{claim: sc}
+					shared[sc.name] = u
+					sharedOrder = append(sharedOrder, sc.name)
+				}
+				u.pods += in.replicas
+				u.min += min
+				u.max += in.max
 			}
 		}
+	}
+	for _, name := range sharedOrder {
+		u := shared[name]
+		once := func(pods int64) float64 {
+			if pods > 0 {
+				return 1
+			}
+			return 0
+		}
+		w.GPUs += once(u.pods) * u.claim.gpus
+		w.MinGPUs += once(u.min) * u.claim.gpus
+		w.MaxGPUs += once(u.max) * u.claim.gpus
+		w.GPUUnits += once(u.pods) * u.claim.units
+		w.MinGPUUnits += once(u.min) * u.claim.units
+		w.MaxGPUUnits += once(u.max) * u.claim.units
 	}
 	st, msg, err := cd.status.evaluate(ctx, content)
 	if err != nil {

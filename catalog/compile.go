@@ -45,6 +45,7 @@ type component struct {
 	template, podSpec, meta    *expr
 	frag                       fragments
 	replicas, minRep, maxRep   *expr
+	stage, gangKey             *expr
 	instanceID                 *expr
 	typeSel                    *expr
 	typeValue                  *string
@@ -268,6 +269,10 @@ func compileComponent(cd *v1alpha1.ComponentDefinition, field string) (*componen
 		comp.hasScale = comp.replicas != nil || comp.minRep != nil || comp.maxRep != nil
 	}
 	comp.instanceID = opt(cd.InstanceIdPath, "instanceIdPath")
+	if st := cd.StartupDefinition; st != nil {
+		comp.stage = opt(st.StagePath, "startupDefinition.stagePath")
+	}
+	comp.gangKey = opt(cd.GangKeyPath, "gangKeyPath")
 	if ps := cd.PodSelector; ps != nil {
 		if ts := ps.ComponentTypeSelector; ts != nil {
 			comp.typeSel = opt(&ts.KeyPath, "podSelector.componentTypeSelector.keyPath")

@@ -329,9 +329,15 @@ func TestMatchPod(t *testing.T) {
 		{"jobset driver", mapFile("JobSet/jobset__paralleljobs.yaml"),
 			map[string]string{"jobset.sigs.k8s.io/replicatedjob-name": "driver", "jobset.sigs.k8s.io/job-index": "0"}, nil,
 			"replicatedjob/driver/driver/0/leader jobset/5", nil},
-		{"grove clique in a scaling group", mapFile("PodCliqueSet/grove__multi-node-disaggregated.yaml"),
+		// Scaling group prefill (replicas 2, minAvailable 1): its replica 1 is a
+		// scaled PodGang of its own: pleader 1 + pworker 4 = 5; replica 0 is in the
+		// base gang of the set replica (8).
+		{"grove clique in a scaled scaling-group replica", mapFile("PodCliqueSet/grove__multi-node-disaggregated.yaml"),
 			map[string]string{"grove.io/podclique": "multinode-disaggregated-0-prefill-1-pworker", "grove.io/podcliqueset-replica-index": "0"}, nil,
-			"clique/pworker/pworker/0/worker replica-0/8", nil},
+			"clique/prefill-1-pworker/prefill-1-pworker/0/worker replica-prefill-1-0/5", nil},
+		{"grove clique in the base gang", mapFile("PodCliqueSet/grove__multi-node-disaggregated.yaml"),
+			map[string]string{"grove.io/podclique": "multinode-disaggregated-0-prefill-0-pworker", "grove.io/podcliqueset-replica-index": "0"}, nil,
+			"clique/prefill-0-pworker/prefill-0-pworker/0/worker replica-0/8", nil},
 		{"dynamo lower-cased component label", mapFile("DynamoGraphDeployment/dynamo__disagg.yaml"),
 			map[string]string{"nvidia.com/dynamo-component": "vllmdecodeworker"}, nil,
 			"service/VllmDecodeWorker/VllmDecodeWorker//worker service-VllmDecodeWorker/1", nil},

@@ -22,13 +22,39 @@ type ClaimLookup interface {
 	ResourceClaim(namespace, name string) (*resourcev1.ResourceClaim, bool)
 }
 
-// gpusOfTemplate counts the whole GPUs one pod of the template asks for: extended
+// GPUMemoryLookup is an optional part of a ClaimLookup: the memory of one GPU,
+// so that requests for a share of a GPU's memory (a shared-GPU claim's memory
+// capacity, KAI's gpu-memory annotation) can be counted in GPU units. A cluster
+// lookup reports its smallest GPU, so that an estimate never falls short.
+type GPUMemoryLookup interface {
+	GPUMemory() (*resource.Quantity, bool)
+}
+
+// podDemand is what one pod of a template asks for.
+type podDemand struct {
+	// gpus are the whole GPUs the pod holds alone; units add its fractions.
+	gpus, units float64
+	// shared are the ResourceClaims the pod names (resourceClaimName): one
+	// allocation that every pod naming the claim shares.
+	shared     []sharedClaim
+	unresolved []string
+}
+
+type sharedClaim struct {
+	name        string
+	gpus, units float64
+}
+
+// demandOfTemplate counts what one pod of the template asks for: extended
 // resources (the effective request of containers and init containers, as the
-// scheduler computes it) plus the whole-GPU devices of its resource claims.
-func gpusOfTemplate(tmpl map[string]any, namespace string, claims ClaimLookup) (float64, []string) {
+// scheduler computes it), KAI's fraction annotations, and the devices of its
+// resource claims (whole GPUs and shares of shared GPUs, in GPU units as
+// package contract counts them).
+func demandOfTemplate(tmpl map[string]any, namespace string, claims ClaimLookup) podDemand {
+	var d podDemand
 	spec, _ := tmpl["spec"].(map[string]any)
 	if spec == nil {
-		return 0, nil
+		return d
 	}
 	var sum float64
 	for _, c := range asList(spec["containers"]) {
@@ -49,21 +75,57 @@ func gpusOfTemplate(tmpl map[string]any, namespace string, claims ClaimLookup) (
 	if initMax > sum {
 		sum = initMax
 	}
-	var unresolved []string
+	d.gpus, d.units = sum, sum
+	md, _ := tmpl["metadata"].(map[string]any)
+	ann := map[string]string{}
+	if a, ok := md["annotations"].(map[string]any); ok {
+		for k, v := range a {
+			if s, ok := v.(string); ok {
+				ann[k] = s
+			}
+		}
+	}
+	if u, ok := contract.FractionUnits(ann); ok {
+		d.units += u
+	} else if mib, ok := ann[contract.AnnotationGPUMemory]; ok {
+		mem, err := resource.ParseQuantity(mib + "Mi")
+		gpuMem := gpuMemory(claims)
+		switch {
+		case err != nil:
+		case gpuMem == nil:
+			d.unresolved = append(d.unresolved, "annotation "+contract.AnnotationGPUMemory+" (GPU memory unknown)")
+		default:
+			d.units += contract.ShareUnits(1, gpuMem, &mem)
+		}
+	}
 	for _, rc := range asList(spec["resourceClaims"]) {
 		m, ok := rc.(map[string]any)
 		if !ok {
 			continue
 		}
 		name, _ := m["name"].(string)
-		n, ok := gpusOfPodClaim(m, namespace, claims)
+		gpus, units, shared, ok := demandOfPodClaim(m, namespace, claims)
 		if !ok {
-			unresolved = append(unresolved, name)
+			d.unresolved = append(d.unresolved, name)
 			continue
 		}
-		sum += n
+		if shared != "" {
+			d.shared = append(d.shared, sharedClaim{name: shared, gpus: gpus, units: units})
+			continue
+		}
+		d.gpus += gpus
+		d.units += units
 	}
-	return sum, unresolved
+	return d
+}
+
+func gpuMemory(claims ClaimLookup) *resource.Quantity {
+	if l, ok := claims.(GPUMemoryLookup); ok {
+		if q, ok := l.GPUMemory(); ok && q != nil && !q.IsZero() {
+			return q
+		}
+	}
+	return nil
 }
 
 func asList(v any) []any {
@@ -112,52 +174,75 @@ func quantity(v any) float64 {
 	return 0
 }
 
-func gpusOfPodClaim(m map[string]any, namespace string, claims ClaimLookup) (float64, bool) {
+// demandOfPodClaim counts one entry of a pod's resourceClaims; shared names the
+// ResourceClaim when the entry names one (every pod naming it shares it).
+func demandOfPodClaim(m map[string]any, namespace string, claims ClaimLookup) (gpus, units float64, shared string, ok bool) {
 	if claims == nil {
-		return 0, false
+		return 0, 0, "", false
 	}
 	if t, _ := m["resourceClaimTemplateName"].(string); t != "" {
 		tmpl, ok := claims.ResourceClaimTemplate(namespace, t)
 		if !ok {
-			return 0, false
+			return 0, 0, "", false
 		}
-		return gpusOfClaimSpec(&tmpl.Spec.Spec), true
+		g, u, ok := demandOfClaimSpec(&tmpl.Spec.Spec, claims)
+		return g, u, "", ok
 	}
 	if n, _ := m["resourceClaimName"].(string); n != "" {
 		claim, ok := claims.ResourceClaim(namespace, n)
 		if !ok {
-			return 0, false
+			return 0, 0, "", false
 		}
-		return gpusOfClaimSpec(&claim.Spec), true
+		g, u, ok := demandOfClaimSpec(&claim.Spec, claims)
+		return g, u, n, ok
 	}
-	return 0, false
+	return 0, 0, "", false
 }
 
-// gpusOfClaimSpec counts whole-GPU devices a claim asks for. For a prioritized
-// list the first choice counts; "All" allocation cannot be counted without the
-// cluster's devices and counts 0.
-func gpusOfClaimSpec(spec *resourcev1.ResourceClaimSpec) float64 {
-	var n float64
+// demandOfClaimSpec counts the whole GPUs a claim asks for, and its GPU units:
+// whole GPUs plus shares of shared GPUs (memory over the GPU's memory, as
+// contract.ShareUnits). For a prioritized list the first choice counts; "All"
+// allocation cannot be counted without the cluster's devices and counts 0. ok is
+// false when a share's memory cannot be put in units (no GPU memory known).
+func demandOfClaimSpec(spec *resourcev1.ResourceClaimSpec, claims ClaimLookup) (gpus, units float64, ok bool) {
+	ok = true
+	add := func(class string, mode resourcev1.DeviceAllocationMode, count int64, capReq *resourcev1.CapacityRequirements) {
+		if mode == resourcev1.DeviceAllocationModeAll {
+			return
+		}
+		if count <= 0 {
+			count = 1
+		}
+		switch {
+		case WholeGPUDeviceClasses[class]:
+			gpus += float64(count)
+			units += float64(count)
+		case class == contract.ClassShared:
+			if capReq == nil {
+				return
+			}
+			mem, has := capReq.Requests[resourcev1.QualifiedName(contract.CapMemory)]
+			if !has {
+				return
+			}
+			gpuMem := gpuMemory(claims)
+			if gpuMem == nil {
+				ok = false
+				return
+			}
+			units += float64(count) * contract.ShareUnits(1, gpuMem, &mem)
+		}
+	}
 	for _, r := range spec.Devices.Requests {
 		switch {
 		case r.Exactly != nil:
-			n += countDevices(r.Exactly.DeviceClassName, r.Exactly.AllocationMode, r.Exactly.Count)
+			add(r.Exactly.DeviceClassName, r.Exactly.AllocationMode, r.Exactly.Count, r.Exactly.Capacity)
 		case len(r.FirstAvailable) > 0:
 			s := r.FirstAvailable[0]
-			n += countDevices(s.DeviceClassName, s.AllocationMode, s.Count)
+			add(s.DeviceClassName, s.AllocationMode, s.Count, s.Capacity)
 		}
 	}
-	return n
-}
-
-func countDevices(class string, mode resourcev1.DeviceAllocationMode, count int64) float64 {
-	if !WholeGPUDeviceClasses[class] || mode == resourcev1.DeviceAllocationModeAll {
-		return 0
-	}
-	if count <= 0 {
-		count = 1
-	}
-	return float64(count)
+	return gpus, units, ok
 }
 
 // intValue reads a replica count: a number or a numeric string (Knative keeps

@@ -112,7 +112,10 @@ var manifestCases = []manifestCase{
 		}},
 	},
 	{
-		// driver 1 x 1, workers 1 x 4: one gang of 5.
+		// driver 1 x parallelism 1, workers 1 x parallelism 4; startupPolicy InOrder:
+		// JobSet creates the workers' Job only once the driver's is ready, so a gang
+		// of 5 would never have its pods at once. Stage 0 = driver (gang of 1),
+		// stage 1 = workers (gang of 4).
 		file: "JobSet/jobset__startup-driver-ready.yaml",
 		workloads: []wantWorkload{{kind: "JobSet", name: "startup-driver-ready", definition: "jobset-x-k8s-io-jobset-v1alpha2",
 			pods: 5,
@@ -120,25 +123,28 @@ var manifestCases = []manifestCase{
 				{"driver", RoleLeader, true, 1, 1, 1, 0},
 				{"workers", RoleWorker, true, 4, 4, 4, 0},
 			},
-			gangs: []wantGang{{"jobset", 5, 1}},
+			gangs: []wantGang{{"jobset-stage-0", 1, 1}, {"jobset-stage-1", 4, 1}},
 		}},
 	},
 	{
 		// no min-scale annotation (only target): one revision of 1 pod, gang of 1.
+		// Knative defaults: initial-scale 1, min-scale 0 (scale to zero): 1 pod,
+		// min 0; no min-scale, so no gang.
 		file: "KnativeService/docs__autoscale-go-service.yaml",
 		workloads: []wantWorkload{{kind: "Service", name: "autoscale-go", definition: "serving-knative-dev-service-v1",
-			pods: 1, comps: []wantComp{{"revision", RoleService, true, 1, 1, 1, 0}}, gangs: []wantGang{{"revision", 1, 1}}}},
+			pods: 1, comps: []wantComp{{"revision", RoleService, true, 1, 0, 1, 0}}}},
 	},
 	{
+		// As above: initial-scale 1, min-scale 0, no gang.
 		file: "KnativeService/docs__helloworld-go-service.yaml",
 		workloads: []wantWorkload{{kind: "Service", name: "helloworld-go", definition: "serving-knative-dev-service-v1",
-			pods: 1, comps: []wantComp{{"revision", RoleService, true, 1, 1, 1, 0}}, gangs: []wantGang{{"revision", 1, 1}}}},
+			pods: 1, comps: []wantComp{{"revision", RoleService, true, 1, 0, 1, 0}}}},
 	},
 	{
-		// two containers, one pod.
+		// two containers, one pod; min-scale 0 by default, no gang.
 		file: "KnativeService/docs__multi-container-service.yaml",
 		workloads: []wantWorkload{{kind: "Service", name: "multi-container", definition: "serving-knative-dev-service-v1",
-			pods: 1, comps: []wantComp{{"revision", RoleService, true, 1, 1, 1, 0}}, gangs: []wantGang{{"revision", 1, 1}}}},
+			pods: 1, comps: []wantComp{{"revision", RoleService, true, 1, 0, 1, 0}}}},
 	},
 	{
 		// min-scale "3": the revision runs 3 pods, and its gang needs all 3; no max-scale.
@@ -236,34 +242,39 @@ var manifestCases = []manifestCase{
 			pods: 1, gpus: 1, comps: []wantComp{{"service", RoleService, true, 1, 1, 1, 1}}}},
 	},
 	{
-		// 1 PodCliqueSet replica. Scaling group prefill (replicas 2) holds pleader (1)
-		// and pworker (4): 2 and 8 pods, minimum 1 group: 1 and 4. Group decode
-		// (replicas 1) holds dleader (1) and dworker (2). Pods 2+8+1+2 = 13; the gang
-		// of the replica needs 1+4+1+2 = 8.
+		// 1 PodCliqueSet replica. Scaling group prefill (replicas 2, minAvailable
+		// default 1) holds pleader (1) and pworker (4); decode (replicas 1) holds
+		// dleader (1) and dworker (2). Grove: the base PodGang has scaling-group
+		// replicas 0 .. minAvailable-1, i.e. prefill-0 and decode-0: 1+4+1+2 = 8;
+		// prefill replica 1 is a scaled PodGang of its own: 1+4 = 5. Pods 13.
 		file: "PodCliqueSet/grove__multi-node-disaggregated.yaml",
 		workloads: []wantWorkload{{kind: "PodCliqueSet", name: "multinode-disaggregated", definition: "grove-io-podcliqueset-v1alpha1",
 			pods: 13,
 			comps: []wantComp{
 				{"replica", RoleWorker, false, 1, 1, 1, 0},
-				{"pleader", RoleLeader, true, 2, 1, 2, 0},
-				{"pworker", RoleWorker, true, 8, 4, 8, 0},
-				{"dleader", RoleLeader, true, 1, 1, 1, 0},
-				{"dworker", RoleWorker, true, 2, 2, 2, 0},
+				{"prefill-0-pleader", RoleLeader, true, 1, 1, 1, 0},
+				{"prefill-1-pleader", RoleLeader, true, 1, 1, 1, 0},
+				{"prefill-0-pworker", RoleWorker, true, 4, 4, 4, 0},
+				{"prefill-1-pworker", RoleWorker, true, 4, 4, 4, 0},
+				{"decode-0-dleader", RoleLeader, true, 1, 1, 1, 0},
+				{"decode-0-dworker", RoleWorker, true, 2, 2, 2, 0},
 			},
-			gangs: []wantGang{{"replica", 8, 1}},
+			gangs: []wantGang{{"replica", 8, 1}, {"replica-prefill-1", 5, 1}},
 		}},
 	},
 	{
-		// pca 3 (autoscaling max 5); pcb, pcc 2 each in scaling group sga (1 replica,
-		// scaleConfig max 6: up to 12 pods each); pcd 2. 9 pods, one gang of 9.
+		// pca 3 (autoscaling max 5); pcb, pcc 2 each in scaling group sga (1
+		// replica, scaleConfig max 6: room for 5 more replicas, up to 2 x 6 = 12
+		// pods each, counted on its last replica); pcd 2. 9 pods; sga's only
+		// replica is within minAvailable (1): one base gang of 3+2+2+2 = 9.
 		file: "PodCliqueSet/grove__simple1.yaml",
 		workloads: []wantWorkload{{kind: "PodCliqueSet", name: "simple1", definition: "grove-io-podcliqueset-v1alpha1",
 			pods: 9,
 			comps: []wantComp{
 				{"replica", RoleWorker, false, 1, 1, 1, 0},
 				{"pca", RoleWorker, true, 3, 3, 5, 0},
-				{"pcb", RoleWorker, true, 2, 2, 12, 0},
-				{"pcc", RoleWorker, true, 2, 2, 12, 0},
+				{"sga-0-pcb", RoleWorker, true, 2, 2, 12, 0},
+				{"sga-0-pcc", RoleWorker, true, 2, 2, 12, 0},
 				{"pcd", RoleWorker, true, 2, 2, 2, 0},
 			},
 			gangs: []wantGang{{"replica", 9, 1}},

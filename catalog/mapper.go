@@ -3,22 +3,24 @@ package catalog
 import (
 	"context"
 	"fmt"
+	"sort"
 	"strconv"
 	"strings"
 )
 
 // instance is one instance of a component in a mapped object.
 type instance struct {
-	comp       *component
-	id         string
-	replicas   int64
-	min        int64
-	hasMin     bool
-	max        int64
-	template   map[string]any
-	gpus       float64
-	unresolved []string
-	display    string
+	comp     *component
+	id       string
+	replicas int64
+	min      int64
+	hasMin   bool
+	max      int64
+	template map[string]any
+	demand   podDemand
+	stage    int64
+	gangKey  string
+	display  string
 }
 
 func (in *instance) minOrReplicas() int64 {
@@ -70,6 +72,14 @@ func (c *compiled) evalComponent(ctx context.Context, comp *component, isRoot bo
 		return nil, err
 	}
 	maxs, err := all(comp.maxRep)
+	if err != nil {
+		return nil, err
+	}
+	stages, err := all(comp.stage)
+	if err != nil {
+		return nil, err
+	}
+	keys, err := all(comp.gangKey)
 	if err != nil {
 		return nil, err
 	}
@@ -127,6 +137,12 @@ func (c *compiled) evalComponent(ctx context.Context, comp *component, isRoot bo
 		if err != nil {
 			return nil, err
 		}
+		if in.stage, _, err = count(stages, comp.stage); err != nil {
+			return nil, err
+		}
+		if i < len(keys) && keys[i] != nil {
+			in.gangKey = str(keys[i])
+		}
 		switch {
 		case hasR:
 		case hasMin:
@@ -141,7 +157,7 @@ func (c *compiled) evalComponent(ctx context.Context, comp *component, isRoot bo
 			in.max = mx
 		}
 		if in.template != nil {
-			in.gpus, in.unresolved = gpusOfTemplate(in.template, namespace, claims)
+			in.demand = demandOfTemplate(in.template, namespace, claims)
 		}
 		out = append(out, in)
 	}
@@ -417,12 +433,7 @@ func (c *compiled) gangs(ctx context.Context, m *mapping) ([]Gang, map[*instance
 	var out []Gang
 	inGang := map[*instance]bool{}
 	for _, g := range c.groups {
-		type part struct {
-			name      string
-			ins       []*instance
-			count     int64
-			perGangOf int64
-		}
+		type part = gangPart
 		var split, rest []*instance
 		for _, mem := range g.members {
 			ins, err := filterInstances(ctx, m.leaves(mem.comp), mem.filters)
@@ -458,6 +469,12 @@ func (c *compiled) gangs(ctx context.Context, m *mapping) ([]Gang, map[*instance
 		if len(rest) > 0 {
 			parts = append(parts, part{name: g.name, ins: rest, count: 1, perGangOf: 1})
 		}
+		parts = splitKeys(parts)
+		parts = splitStages(parts, func(p part, stage int64, ins []*instance) part {
+			p.name = fmt.Sprintf("%s-stage-%d", p.name, stage)
+			p.ins = ins
+			return p
+		})
 		for _, p := range parts {
 			var pods, min int64
 			names := []string{}
@@ -476,16 +493,89 @@ func (c *compiled) gangs(ctx context.Context, m *mapping) ([]Gang, map[*instance
 			for _, in := range p.ins {
 				inGang[in] = true
 			}
-			out = append(out, Gang{
+			g := Gang{
 				Name:       p.name,
 				MinMember:  ceilDiv(min, p.perGangOf),
 				Count:      p.count,
 				Pods:       ceilDiv(pods, p.perGangOf),
 				Components: names,
-			})
+			}
+			if p.stages > 1 {
+				g.Stage, g.Stages = p.ins[0].stage, p.stages
+			}
+			out = append(out, g)
 		}
 	}
 	return out, inGang, nil
+}
+
+// gangPart is the set of member instances that one gang shape covers.
+type gangPart struct {
+	name      string
+	ins       []*instance
+	count     int64
+	perGangOf int64
+	// stages is the number of startup stages of the part it was split from.
+	stages int64
+}
+
+// splitKeys divides each part whose instances have different gang keys into
+// one part per key, named "<part>-<key>" ("" keeps the part's name), in the
+// order the keys first appear.
+func splitKeys(parts []gangPart) []gangPart {
+	var out []gangPart
+	for _, p := range parts {
+		byKey := map[string][]*instance{}
+		var order []string
+		for _, in := range p.ins {
+			if _, ok := byKey[in.gangKey]; !ok {
+				order = append(order, in.gangKey)
+			}
+			byKey[in.gangKey] = append(byKey[in.gangKey], in)
+		}
+		if len(order) == 1 && order[0] == "" {
+			out = append(out, p)
+			continue
+		}
+		for _, k := range order {
+			q := p
+			q.ins = byKey[k]
+			if k != "" {
+				q.name = p.name + "-" + k
+			}
+			out = append(out, q)
+		}
+	}
+	return out
+}
+
+// splitStages divides each part whose instances are in several startup stages
+// into one part per stage (in stage order): the operator creates a later stage
+// only after an earlier one runs or ends, so a gang over all of them would never
+// have its pods at once. A part in one stage stays as it is.
+func splitStages(parts []gangPart, rename func(p gangPart, stage int64, ins []*instance) gangPart) []gangPart {
+	var out []gangPart
+	for _, p := range parts {
+		byStage := map[int64][]*instance{}
+		var order []int64
+		for _, in := range p.ins {
+			if _, ok := byStage[in.stage]; !ok {
+				order = append(order, in.stage)
+			}
+			byStage[in.stage] = append(byStage[in.stage], in)
+		}
+		if len(order) < 2 {
+			out = append(out, p)
+			continue
+		}
+		sort.Slice(order, func(i, j int) bool { return order[i] < order[j] })
+		for _, st := range order {
+			q := rename(p, st, byStage[st])
+			q.stages = int64(len(order))
+			out = append(out, q)
+		}
+	}
+	return out
 }
 
 func ceilDiv(a, b int64) int64 {

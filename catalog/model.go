@@ -46,19 +46,33 @@ type DefinitionRef struct {
 
 // Workload is the common model of one workload object.
 type Workload struct {
-	APIVersion string        `json:"apiVersion"`
-	Kind       string        `json:"kind"`
-	Name       string        `json:"name"`
-	Namespace  string        `json:"namespace,omitempty"`
-	UID        types.UID     `json:"uid,omitempty"`
-	Definition DefinitionRef `json:"definition"`
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Name       string `json:"name"`
+	// GenerateName is the object's metadata.generateName; set when the object
+	// has no name yet (the API server completes it on creation).
+	GenerateName string        `json:"generateName,omitempty"`
+	Namespace    string        `json:"namespace,omitempty"`
+	UID          types.UID     `json:"uid,omitempty"`
+	Definition   DefinitionRef `json:"definition"`
 	// Components are the pod-bearing and structural components, one entry per
 	// instance (e.g. one per replicated job of a JobSet).
 	Components []Component `json:"components"`
-	// Pods at full scale: every pod-bearing component at its replicas.
-	Pods int64 `json:"pods"`
-	// GPUs at full scale, in whole-GPU equivalents.
-	GPUs float64 `json:"gpus"`
+	// Pods at full scale: every pod-bearing component at its replicas; MinPods
+	// and MaxPods with every component at its minReplicas and maxReplicas.
+	Pods    int64 `json:"pods"`
+	MinPods int64 `json:"minPods"`
+	MaxPods int64 `json:"maxPods"`
+	// GPUs at full scale, at minimum and at maximum scale: whole GPUs.
+	GPUs    float64 `json:"gpus"`
+	MinGPUs float64 `json:"minGPUs"`
+	MaxGPUs float64 `json:"maxGPUs"`
+	// GPUUnits are the GPUs as quotas count them (contract): whole GPUs plus
+	// fractions (KAI gpu-fraction annotations, shares of shared GPUs), at full,
+	// minimum and maximum scale.
+	GPUUnits    float64 `json:"gpuUnits"`
+	MinGPUUnits float64 `json:"minGPUUnits"`
+	MaxGPUUnits float64 `json:"maxGPUUnits"`
 	// Gangs are the shapes of the workload's gangs; pods of components that are in
 	// no gang are scheduled one by one.
 	Gangs  []Gang `json:"gangs"`
@@ -96,6 +110,14 @@ type Component struct {
 	// GPUsPerPod in whole-GPU equivalents: nvidia.com/gpu and tessera.dev/gpu limits
 	// plus whole-GPU DRA requests that could be resolved.
 	GPUsPerPod float64 `json:"gpusPerPod"`
+	// GPUUnitsPerPod adds fractions to the whole GPUs (see Workload.GPUUnits).
+	GPUUnitsPerPod float64 `json:"gpuUnitsPerPod"`
+	// Stage is the startup stage of the component's pods (0 unless the
+	// definition's startupDefinition says the operator creates them later).
+	Stage int64 `json:"stage,omitempty"`
+	// GangKey splits the component's pod group into gangs (the definition's
+	// gangKeyPath): the gang is "<group>-<key>".
+	GangKey string `json:"gangKey,omitempty"`
 	// UnresolvedClaims names resource claims whose devices could not be counted
 	// (the claim or template was not available).
 	UnresolvedClaims []string `json:"unresolvedClaims,omitempty"`
@@ -117,4 +139,9 @@ type Gang struct {
 	Pods int64 `json:"pods"`
 	// Components (names as in Components) whose pods are in the gang.
 	Components []string `json:"components"`
+	// Stage is the startup stage the gang's pods are in, and Stages the number
+	// of stages of its pod group: with Stages > 1 the operator creates the
+	// stages one after the other and each is a gang of its own.
+	Stage  int64 `json:"stage,omitempty"`
+	Stages int64 `json:"stages,omitempty"`
 }

@@ -27,6 +27,10 @@ type PodMatch struct {
 	// selector of its component or an ancestor; empty when none says.
 	Replica string
 	Role    Role
+	// Stage is the startup stage of the pod's component instance, and GangKey
+	// its gang key (see Component).
+	Stage   int64
+	GangKey string
 	// Gang is nil when the pod's component is in no gang: it is scheduled alone.
 	Gang *PodGang
 }
@@ -129,7 +133,7 @@ func (cd *compiled) matchPod(ctx context.Context, w *Workload, pod map[string]an
 		}
 		if score > bestScore {
 			bestScore = score
-			best = &PodMatch{Component: comp.name, Name: entry.Name, Instance: entry.Instance, Role: entry.Role}
+			best = &PodMatch{Component: comp.name, Name: entry.Name, Instance: entry.Instance, Role: entry.Role, Stage: entry.Stage, GangKey: entry.GangKey}
 			for p := comp; p != nil; p = p.parent {
 				if p.replicaSel != nil {
 					v, err := p.replicaSel.first(ctx, pod)
@@ -181,10 +185,15 @@ func (cd *compiled) podGang(ctx context.Context, w *Workload, pm *PodMatch, pod 
 			case g.split == splitInstance && comp == g.splitComp:
 				shape = g.name + "-" + pm.Instance
 			}
+			if pm.GangKey != "" {
+				shape += "-" + pm.GangKey
+			}
+			staged := fmt.Sprintf("%s-stage-%d", shape, pm.Stage)
 			for _, gs := range w.Gangs {
-				if gs.Name != shape {
+				if gs.Name != shape && (gs.Stages < 2 || gs.Name != staged) {
 					continue
 				}
+				shape = gs.Name
 				name := shape
 				if suffix != "" {
 					name = shape + "-" + suffix

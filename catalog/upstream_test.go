@@ -8,7 +8,7 @@ import (
 	"testing"
 )
 
-// loadUpstream loads every upstream definition but the one that is not YAML.
+// loadUpstream loads every upstream definition.
 func loadUpstream(t *testing.T) []*Definition {
 	t.Helper()
 	files, err := ExpandPath(upstreamDefsDir)
@@ -17,7 +17,7 @@ func loadUpstream(t *testing.T) []*Definition {
 	}
 	var defs []*Definition
 	for _, f := range files {
-		if strings.HasSuffix(f, "legacy-resourceinterface/mpijob.yaml") || filepath.Ext(f) != ".yaml" {
+		if filepath.Ext(f) != ".yaml" {
 			continue
 		}
 		ds, err := LoadDefinitionFiles(f)
@@ -33,8 +33,8 @@ func loadUpstream(t *testing.T) []*Definition {
 // Workload Map project, in both envelopes, as they are.
 func TestUpstreamDefinitionsLoadUnchanged(t *testing.T) {
 	defs := loadUpstream(t)
-	if len(defs) != 13 {
-		t.Fatalf("%d upstream definitions loaded, want 13 (14 files, one not YAML)", len(defs))
+	if len(defs) != 14 {
+		t.Fatalf("%d upstream definitions loaded, want 14 (one per file)", len(defs))
 	}
 	envelopes := map[string]int{}
 	for _, d := range defs {
@@ -43,8 +43,8 @@ func TestUpstreamDefinitionsLoadUnchanged(t *testing.T) {
 			t.Errorf("%s: %v", d.File, err)
 		}
 	}
-	if envelopes["Karta"] != 3 || envelopes["ResourceInterface"] != 10 {
-		t.Errorf("envelopes %v, want 3 Karta and 10 ResourceInterface", envelopes)
+	if envelopes["Karta"] != 3 || envelopes["ResourceInterface"] != 11 {
+		t.Errorf("envelopes %v, want 3 Karta and 11 ResourceInterface", envelopes)
 	}
 	// The JobSet definition has no metadata.name: it is named after its file.
 	found := false
@@ -61,16 +61,21 @@ func TestUpstreamDefinitionsLoadUnchanged(t *testing.T) {
 	}
 }
 
-// TestUpstreamMalformedDefinition: the published mpijob.yaml runs two keys onto one
-// line; loading it fails with the file and the line, never a panic.
-func TestUpstreamMalformedDefinition(t *testing.T) {
-	path := filepath.Join(upstreamDefsDir, "legacy-resourceinterface/mpijob.yaml")
+// TestMalformedDefinition: a definition file with two keys run onto one line (as
+// an earlier copy of the upstream mpijob.yaml had) fails with the file, the
+// document and the line, never a panic.
+func TestMalformedDefinition(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "mpijob.yaml")
+	data := "apiVersion: optimization.nvidia.com/v1alpha1\nkind: ResourceInterface\nmetadata:\n  name: x\nspec:\n  structureDefinition:\n    rootComponent:\n      statusDefinition:\n        statusMappings:\n          failed:\n          - byConditions:\n            - type: Failed\n              status: \"False\"          running:\n"
+	if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	_, err := LoadDefinitionFiles(path)
 	if err == nil {
 		t.Fatal("malformed definition loaded")
 	}
 	var e *Error
-	if !errors.As(err, &e) || e.File != path || e.Doc != 1 || !strings.Contains(err.Error(), "line 24") {
+	if !errors.As(err, &e) || e.File != path || e.Doc != 1 || !strings.Contains(err.Error(), "line 12") {
 		t.Errorf("error %q does not name the file, document and line", err)
 	}
 }
@@ -84,8 +89,8 @@ func TestUpstreamDefinitionsMapManifests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(c.Overridden()) != 13 {
-		t.Errorf("%d built-ins overridden, want 13", len(c.Overridden()))
+	if len(c.Overridden()) != 14 {
+		t.Errorf("%d built-ins overridden, want 14", len(c.Overridden()))
 	}
 	cases := []struct {
 		file, def string

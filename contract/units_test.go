@@ -136,3 +136,24 @@ func TestModes(t *testing.T) {
 		t.Error("MIG mode traits wrong")
 	}
 }
+
+func TestFractionUnits(t *testing.T) {
+	for _, tc := range []struct {
+		ann  map[string]string
+		want float64
+		ok   bool
+	}{
+		{map[string]string{AnnotationGPUFraction: "0.5"}, 0.5, true},
+		// KAI: a fraction of each of num-devices GPUs: 0.25 × 4 GPUs = 1 unit.
+		{map[string]string{AnnotationGPUFraction: "0.25", AnnotationGPUFractionNumDevices: "4"}, 1, true},
+		{map[string]string{AnnotationGPUFraction: "1.5"}, 0, false},
+		{map[string]string{AnnotationGPUFraction: "half"}, 0, false},
+		{map[string]string{AnnotationGPUFraction: "0.5", AnnotationGPUFractionNumDevices: "0"}, 0, false},
+		{nil, 0, false},
+	} {
+		got, ok := FractionUnits(tc.ann)
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("FractionUnits(%v) = %v, %v; want %v, %v", tc.ann, got, ok, tc.want, tc.ok)
+		}
+	}
+}

@@ -125,6 +125,10 @@ func objectExpressions(spec v1alpha1.WorkloadMapSpec) []namedExpr {
 			add(f+".scaleDefinition.maxReplicasPath", sc.MaxReplicasPath)
 		}
 		add(f+".instanceIdPath", c.InstanceIdPath)
+		if st := c.StartupDefinition; st != nil {
+			add(f+".startupDefinition.stagePath", st.StagePath)
+		}
+		add(f+".gangKeyPath", c.GangKeyPath)
 		if st := c.StatusDefinition; st != nil {
 			if st.PhaseDefinition != nil {
 				add(f+".statusDefinition.phaseDefinition.path", &st.PhaseDefinition.Path)

@@ -2,6 +2,7 @@ package resolver
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"sync"
@@ -19,6 +20,10 @@ import (
 	"github.com/tessera-gpu/tessera/catalog"
 	"github.com/tessera-gpu/tessera/catalog/api/v1alpha1"
 )
+
+// ErrNoDefinitionCRD is returned (wrapped) by New with WithClusterDefinitions
+// when the API server does not serve WorkloadDefinitions.
+var ErrNoDefinitionCRD = errors.New("the WorkloadDefinition CRD is not installed")
 
 // ConditionAccepted is the condition a resolver following the cluster's
 // definitions sets on each WorkloadDefinition.
@@ -48,7 +53,7 @@ type clusterDefinitions struct {
 func newClusterDefinitions(ctx context.Context, r *Resolver, client dynamic.Interface, fileDefs []*catalog.Definition, writeStatus bool) (*clusterDefinitions, error) {
 	if _, err := r.mapper.RESTMapping(schema.GroupKind{Group: v1alpha1.GroupName, Kind: "WorkloadDefinition"}, "v1alpha1"); err != nil {
 		if meta.IsNoMatchError(err) {
-			return nil, fmt.Errorf("following cluster definitions: the WorkloadDefinition CRD is not installed: %w", err)
+			return nil, fmt.Errorf("following cluster definitions: %w: %w", ErrNoDefinitionCRD, err)
 		}
 		return nil, err
 	}

@@ -136,10 +136,13 @@ type Resolver struct {
 	getters map[schema.GroupVersionKind]getter
 	// full marks kinds cached as whole objects (they can be mapped); the others
 	// are cached as metadata only.
-	full     map[schema.GroupVersionKind]bool
-	missing  map[schema.GroupVersionKind]bool
-	synced   []cache.InformerSynced
-	startCtx context.Context
+	full    map[schema.GroupVersionKind]bool
+	missing map[schema.GroupVersionKind]bool
+	// lookAgain asks the rediscovery loop to look for missing kinds now: a pod
+	// is owned by one (its CRD appeared since the last look).
+	lookAgain chan struct{}
+	synced    []cache.InformerSynced
+	startCtx  context.Context
 
 	defs *clusterDefinitions // nil unless WithClusterDefinitions
 	wg   sync.WaitGroup
@@ -240,6 +243,7 @@ func New(ctx context.Context, cat *catalog.Catalog, client dynamic.Interface, ma
 		getters:        map[schema.GroupVersionKind]getter{},
 		full:           map[schema.GroupVersionKind]bool{},
 		missing:        map[schema.GroupVersionKind]bool{},
+		lookAgain:      make(chan struct{}, 1),
 		mapped:         map[types.UID]mappedEntry{},
 		factory:        dynamicinformer.NewFilteredDynamicSharedInformerFactory(client, cfg.resync, cfg.namespace, nil),
 		clusterFactory: dynamicinformer.NewDynamicSharedInformerFactory(client, cfg.resync),
@@ -348,12 +352,23 @@ func (r *Resolver) ensureKinds(ctx context.Context, cat *catalog.Catalog) error 
 func (r *Resolver) rediscover(ctx context.Context) {
 	t := time.NewTicker(RediscoverInterval)
 	defer t.Stop()
+	var last time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-r.lookAgain:
+			// Pods of a new kind ask at every try: look at most once a second.
+			if wait := time.Second - time.Since(last); wait > 0 {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(wait):
+				}
+			}
 		}
+		last = time.Now()
 		r.kindsMu.RLock()
 		n := len(r.missing)
 		r.kindsMu.RUnlock()
@@ -474,6 +489,16 @@ func (r *Resolver) Resolve(ctx context.Context, pod *corev1.Pod) (*PodWorkload, 
 		}
 		gvk := gv.WithKind(ref.Kind)
 		get, full, ok := r.getter(gvk)
+		if !ok && cat.Walks(gvk) {
+			// A kind the catalog defines whose CRD was not served when last
+			// looked for: mapping the pod by a lower owner (a JobSet's Job)
+			// would give it the wrong gang. Look for the kind now and retry.
+			select {
+			case r.lookAgain <- struct{}{}:
+			default:
+			}
+			return nil, fmt.Errorf("pod %s/%s: owner %s %s: kind not watched yet: %w", pod.Namespace, pod.Name, catalog.GVKString(gvk), ref.Name, ErrOwnerNotFound)
+		}
 		if !ok || !cat.Walks(gvk) {
 			// A kind nobody defines: the walk ends; the topmost known object so far
 			// (if any above the pod) is the workload.

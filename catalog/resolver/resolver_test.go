@@ -135,7 +135,9 @@ func TestResolveOnAPIServer(t *testing.T) {
 		return got
 	}
 	pworker := clique("multinode-disaggregated-0-prefill-0-pworker")
-	dleader := clique("multinode-disaggregated-0-dleader")
+	// dleader is in scaling group decode: Grove names its PodClique
+	// <set>-<replica>-<group>-<group replica>-<clique>.
+	dleader := clique("multinode-disaggregated-0-decode-0-dleader")
 	cm, err := client.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "owner"}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -162,9 +164,9 @@ func TestResolveOnAPIServer(t *testing.T) {
 			want{"PyTorchJob", job.GetName(), "worker", "worker", "job", 2, catalog.RoleWorker}},
 		// Pod -> PodClique (an intermediate kind) -> PodCliqueSet; gang per set replica.
 		{createPod(t, client, ns, "pworker-0", grove(pworker.GetName()), ownedBy(pworker, "grove.io/v1alpha1", "PodClique")),
-			want{"PodCliqueSet", pcs.GetName(), "clique", "pworker", "replica-0", 8, catalog.RoleWorker}},
+			want{"PodCliqueSet", pcs.GetName(), "clique", "prefill-0-pworker", "replica-0", 8, catalog.RoleWorker}},
 		{createPod(t, client, ns, "dleader-0", grove(dleader.GetName()), ownedBy(dleader, "grove.io/v1alpha1", "PodClique")),
-			want{"PodCliqueSet", pcs.GetName(), "clique", "dleader", "replica-0", 8, catalog.RoleLeader}},
+			want{"PodCliqueSet", pcs.GetName(), "clique", "decode-0-dleader", "replica-0", 8, catalog.RoleLeader}},
 	}
 	bare := createPod(t, client, ns, "bare", nil, nil)
 	orphan := createPod(t, client, ns, "orphan", nil, ownedBy(cm, "v1", "ConfigMap"))

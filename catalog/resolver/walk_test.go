@@ -160,3 +160,40 @@ func TestResolveThroughPodsAndStatefulSets(t *testing.T) {
 		t.Error("an owner cycle resolved")
 	}
 }
+
+// TestOwnerOfAKindNotWatchedYetIsRetried: a JobSet's pod whose JobSet kind has
+// no informer yet (its CRD appeared after the resolver looked) must not be
+// mapped by its Job (a gang per Job instead of the JobSet's): the resolver says
+// retry and asks its rediscovery loop to look for the kind now.
+func TestOwnerOfAKindNotWatchedYetIsRetried(t *testing.T) {
+	jobGVK := schema.GroupVersionKind{Group: "batch", Version: "v1", Kind: "Job"}
+	s := newStoreResolver(t, jobGVK)
+	s.lookAgain = make(chan struct{}, 1)
+	job := &unstructured.Unstructured{}
+	job.SetGroupVersionKind(jobGVK)
+	job.SetNamespace("ns")
+	job.SetName("train-workers-0")
+	job.SetUID("job-uid")
+	job.SetResourceVersion("1")
+	job.SetOwnerReferences(controller("jobset.x-k8s.io/v1alpha2", "JobSet", "train", "js-uid"))
+	_ = unstructured.SetNestedField(job.Object, map[string]any{"spec": map[string]any{"containers": []any{map[string]any{"name": "w"}}}}, "spec", "template")
+	s.add(t, jobGVK, job)
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "train-workers-0-0", OwnerReferences: controller("batch/v1", "Job", "train-workers-0", "job-uid")}}
+
+	_, err := s.Resolve(context.Background(), pod)
+	if !errors.Is(err, ErrOwnerNotFound) {
+		t.Fatalf("got %v, want ErrOwnerNotFound (retry), not the Job's gang", err)
+	}
+	select {
+	case <-s.lookAgain:
+	default:
+		t.Error("the resolver did not ask to look for the JobSet kind")
+	}
+	// A kind no definition names still ends the walk: the Job is the workload.
+	job.SetOwnerReferences(controller("example.com/v1", "Trainer", "t", "t-uid"))
+	s.add(t, jobGVK, job)
+	pw, err := s.Resolve(context.Background(), pod)
+	if err != nil || pw.GVK != jobGVK {
+		t.Errorf("owner of an unknown kind: %+v, %v", pw, err)
+	}
+}

@@ -14,47 +14,49 @@ import (
 )
 
 type options struct {
-	kubeconfig     string
-	schedulerName  string
-	topologyKeys   []string
-	spread         bool
-	maxTries       int
-	period         time.Duration
-	parallelism    int
-	gpuDrivers     []string
-	catalog        bool
-	metricsAddress string
-	leaderElect    bool
-	leaseNamespace string
-	leaseName      string
-	leaseDuration  time.Duration
-	renewDeadline  time.Duration
-	retryPeriod    time.Duration
-	probeNamespace string
-	starvation     time.Duration
-	logging        *logsapi.LoggingConfiguration
-	featureGate    featuregate.MutableVersionedFeatureGate
+	kubeconfig         string
+	schedulerName      string
+	topologyKeys       []string
+	spread             bool
+	maxTries           int
+	period             time.Duration
+	parallelism        int
+	gpuDrivers         []string
+	catalog            bool
+	clusterDefinitions bool
+	metricsAddress     string
+	leaderElect        bool
+	leaseNamespace     string
+	leaseName          string
+	leaseDuration      time.Duration
+	renewDeadline      time.Duration
+	retryPeriod        time.Duration
+	probeNamespace     string
+	starvation         time.Duration
+	logging            *logsapi.LoggingConfiguration
+	featureGate        featuregate.MutableVersionedFeatureGate
 }
 
 func newOptions() *options {
 	o := &options{
-		schedulerName:  "tessera-scheduler",
-		maxTries:       50000,
-		period:         time.Second,
-		parallelism:    16,
-		gpuDrivers:     []string{contract.DriverName},
-		catalog:        true,
-		metricsAddress: ":8080",
-		leaderElect:    true,
-		leaseNamespace: os.Getenv("POD_NAMESPACE"),
-		leaseName:      "tessera-scheduler",
-		leaseDuration:  15 * time.Second,
-		renewDeadline:  10 * time.Second,
-		retryPeriod:    2 * time.Second,
-		probeNamespace: "default",
-		starvation:     5 * time.Minute,
-		logging:        logsapi.NewLoggingConfiguration(),
-		featureGate:    featuregate.NewFeatureGate(),
+		schedulerName:      "tessera-scheduler",
+		maxTries:           50000,
+		period:             time.Second,
+		parallelism:        16,
+		gpuDrivers:         []string{contract.DriverName},
+		catalog:            true,
+		clusterDefinitions: true,
+		metricsAddress:     ":8080",
+		leaderElect:        true,
+		leaseNamespace:     os.Getenv("POD_NAMESPACE"),
+		leaseName:          "tessera-scheduler",
+		leaseDuration:      15 * time.Second,
+		renewDeadline:      10 * time.Second,
+		retryPeriod:        2 * time.Second,
+		probeNamespace:     "default",
+		starvation:         5 * time.Minute,
+		logging:            logsapi.NewLoggingConfiguration(),
+		featureGate:        featuregate.NewFeatureGate(),
 	}
 	if o.leaseNamespace == "" {
 		o.leaseNamespace = "kube-system"
@@ -75,6 +77,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.parallelism, "parallelism", o.parallelism, "API writes in flight per commit, and gangs committed at once.")
 	fs.StringSliceVar(&o.gpuDrivers, "gpu-drivers", o.gpuDrivers, "DRA drivers whose devices are counted in GPU units for queue quotas.")
 	fs.BoolVar(&o.catalog, "catalog", o.catalog, "Map pods to gangs through the workload catalog (built-in definitions); when false every pod without a PodGroup annotation is a gang of one.")
+	fs.BoolVar(&o.clusterDefinitions, "workload-definitions", o.clusterDefinitions, "With --catalog, follow the cluster's WorkloadDefinition objects (they override built-ins of the same kind; each gets an Accepted condition); needs the WorkloadDefinition CRD, else the built-ins alone apply.")
 	fs.StringVar(&o.metricsAddress, "metrics-bind-address", o.metricsAddress, "Address of the /metrics and /healthz endpoint; empty disables it.")
 	fs.BoolVar(&o.leaderElect, "leader-elect", o.leaderElect, "Schedule only while holding the Lease (run several replicas for failover).")
 	fs.StringVar(&o.leaseNamespace, "leader-elect-resource-namespace", o.leaseNamespace, "Namespace of the Lease.")

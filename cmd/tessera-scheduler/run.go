@@ -15,6 +15,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/catalog"
+	"github.com/tessera-gpu/tessera/catalog/resolver"
 	"github.com/tessera-gpu/tessera/controlplane/mapper"
 	"github.com/tessera-gpu/tessera/controlplane/scheduler"
 	"github.com/tessera-gpu/tessera/controlplane/solver"
@@ -47,7 +48,7 @@ func run(ctx context.Context, o *options) error {
 		StarvationTimeout: o.starvation,
 	}
 	if o.catalog {
-		res, err := newCatalogResolver(ctx, cfg)
+		res, err := newCatalogResolver(ctx, cfg, o.clusterDefinitions)
 		if err != nil {
 			return err
 		}
@@ -87,13 +88,24 @@ func run(ctx context.Context, o *options) error {
 	return nil
 }
 
-// newCatalogResolver starts the catalog's pod resolver with the built-in definitions.
-func newCatalogResolver(ctx context.Context, cfg *rest.Config) (*mapper.CatalogResolver, error) {
+// newCatalogResolver starts the catalog's pod resolver with the built-in
+// definitions and, with clusterDefs, the cluster's WorkloadDefinitions (each
+// gets an Accepted condition; a broken one leaves the built-in in force). A
+// cluster without the WorkloadDefinition CRD runs on the built-ins alone.
+func newCatalogResolver(ctx context.Context, cfg *rest.Config, clusterDefs bool) (*mapper.CatalogResolver, error) {
 	cat, err := catalog.New(nil)
 	if err != nil {
 		return nil, fmt.Errorf("catalog: %w", err)
 	}
-	return mapper.NewCatalogResolver(ctx, cat, cfg)
+	if !clusterDefs {
+		return mapper.NewCatalogResolver(ctx, cat, cfg)
+	}
+	res, err := mapper.NewCatalogResolver(ctx, cat, cfg, resolver.WithClusterDefinitions(nil, true))
+	if errors.Is(err, resolver.ErrNoDefinitionCRD) {
+		klog.FromContext(ctx).Info("The WorkloadDefinition CRD is not installed: the catalog has the built-in definitions only", "err", err)
+		return mapper.NewCatalogResolver(ctx, cat, cfg)
+	}
+	return res, err
 }
 
 func serveMetrics(ctx context.Context, addr string) (*http.Server, error) {

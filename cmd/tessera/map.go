@@ -6,15 +6,19 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
+	"sync"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -120,6 +124,7 @@ type mapOptions struct {
 	output        string
 	namespace     string
 	showTemplates bool
+	gpuMemory     string
 }
 
 func newMapCommand() *cobra.Command {
@@ -152,6 +157,7 @@ gang, and the totals. Objects that are not workloads are skipped with a note on 
 	cmd.Flags().StringVarP(&o.output, "output", "o", "table", "output format: table, json or yaml")
 	cmd.Flags().StringVarP(&o.namespace, "namespace", "n", "", "namespace of KIND/NAME (default: the kubeconfig's)")
 	cmd.Flags().BoolVar(&o.showTemplates, "show-templates", false, "include each component's pod template in json and yaml output")
+	cmd.Flags().StringVar(&o.gpuMemory, "gpu-memory", "", "memory of one GPU (e.g. 80Gi), to count shares of a GPU's memory (shared-GPU claims, KAI gpu-memory) in GPU units with -f; a live object uses the cluster's smallest GPU")
 	return cmd
 }
 
@@ -175,6 +181,13 @@ func (o *mapOptions) runFiles(ctx context.Context, stdin io.Reader, stdout, stde
 	claims, err := catalog.NewStaticClaims(objs)
 	if err != nil {
 		return err
+	}
+	if o.gpuMemory != "" {
+		q, err := resource.ParseQuantity(o.gpuMemory)
+		if err != nil || q.Sign() <= 0 {
+			return fmt.Errorf("--gpu-memory %q: want a positive quantity such as 80Gi", o.gpuMemory)
+		}
+		claims.SetGPUMemory(&q)
 	}
 	workloads := []*catalog.Workload{}
 	failed := 0
@@ -315,8 +328,12 @@ func (o *mapOptions) print(out io.Writer, ws []*catalog.Workload) error {
 
 func printWorkloadTable(out io.Writer, w *catalog.Workload) {
 	name := w.Name
+	if name == "" && w.GenerateName != "" {
+		// The API server completes the name on creation.
+		name = w.GenerateName + "<generated>"
+	}
 	if w.Namespace != "" {
-		name = w.Namespace + "/" + w.Name
+		name = w.Namespace + "/" + name
 	}
 	def := w.Definition.Name + " (" + w.Definition.Source
 	if w.Definition.File != "" {
@@ -338,6 +355,12 @@ func printWorkloadTable(out io.Writer, w *catalog.Workload) {
 			reps = fmt.Sprintf("%d (%d-%d)", c.Replicas, c.MinReplicas, c.MaxReplicas)
 		}
 		gpus := fmt.Sprint(c.GPUsPerPod)
+		if c.GPUUnitsPerPod != c.GPUsPerPod {
+			gpus = fmt.Sprintf("%v (%s units)", c.GPUsPerPod, units(c.GPUUnitsPerPod))
+		}
+		if len(c.UnresolvedClaims) > 0 {
+			gpus += " +?"
+		}
 		if !c.PodBearing {
 			gpus = "-"
 			reps += " groups"
@@ -360,21 +383,76 @@ func printWorkloadTable(out io.Writer, w *catalog.Workload) {
 	_ = tw.Flush()
 	var gangs []string
 	for _, g := range w.Gangs {
-		gangs = append(gangs, fmt.Sprintf("%s x%d (minMember %d)", g.Name, g.Count, g.MinMember))
+		s := fmt.Sprintf("%s x%d (minMember %d)", g.Name, g.Count, g.MinMember)
+		if g.Stages > 1 {
+			s = fmt.Sprintf("%s x%d (minMember %d, stage %d of %d)", g.Name, g.Count, g.MinMember, g.Stage+1, g.Stages)
+		}
+		gangs = append(gangs, s)
 	}
 	sort.Strings(gangs)
 	gs := "none (pods are scheduled one by one)"
 	if len(gangs) > 0 {
 		gs = strings.Join(gangs, ", ")
 	}
-	fmt.Fprintf(out, "TOTAL  pods=%d  gpus=%v  gangs: %s\n", w.Pods, w.GPUs, gs)
+	total := fmt.Sprintf("TOTAL  pods=%s  gpus=%s", scaled(float64(w.Pods), float64(w.MinPods), float64(w.MaxPods)), scaled(w.GPUs, w.MinGPUs, w.MaxGPUs))
+	if w.GPUUnits != w.GPUs || w.MinGPUUnits != w.MinGPUs || w.MaxGPUUnits != w.MaxGPUs {
+		total += "  gpu-units=" + scaled(w.GPUUnits, w.MinGPUUnits, w.MaxGPUUnits)
+	}
+	fmt.Fprintf(out, "%s  gangs: %s\n", total, gs)
+	var unresolved []string
+	for _, c := range w.Components {
+		for _, u := range c.UnresolvedClaims {
+			unresolved = append(unresolved, c.Name+": "+u)
+		}
+	}
+	if len(unresolved) > 0 {
+		fmt.Fprintf(out, "NOT COUNTED (+?)  %s\n", strings.Join(unresolved, ", "))
+	}
+}
+
+// scaled renders a total at full scale with its minimum and maximum when they
+// differ: "3 (min 1, max 5)".
+func scaled(full, min, max float64) string {
+	if min == full && max == full {
+		return units(full)
+	}
+	return fmt.Sprintf("%s (min %s, max %s)", units(full), units(min), units(max))
+}
+
+// units renders a GPU count: whole numbers as such, fractions with at most three
+// decimals.
+func units(v float64) string {
+	return strconv.FormatFloat(math.Round(v*1000)/1000, 'f', -1, 64)
 }
 
 // apiClaims resolves the claims and claim templates a live workload names by
-// reading them from the API server (one object, so no informer is worth it).
+// reading them from the API server (one object, so no informer is worth it),
+// and the memory of the cluster's smallest GPU from its ResourceSlices.
 type apiClaims struct {
 	ctx    context.Context
 	client dynamic.Interface
+
+	memOnce sync.Once
+	mem     *resource.Quantity
+}
+
+// GPUMemory implements catalog.GPUMemoryLookup.
+func (a *apiClaims) GPUMemory() (*resource.Quantity, bool) {
+	a.memOnce.Do(func() {
+		list, err := a.client.Resource(resourcev1.SchemeGroupVersion.WithResource("resourceslices")).List(a.ctx, metav1.ListOptions{})
+		if err != nil {
+			return
+		}
+		var slices []*resourcev1.ResourceSlice
+		for i := range list.Items {
+			var s resourcev1.ResourceSlice
+			if runtime.DefaultUnstructuredConverter.FromUnstructured(list.Items[i].Object, &s) == nil {
+				slices = append(slices, &s)
+			}
+		}
+		a.mem, _ = catalog.SmallestGPUMemory(slices)
+	})
+	return a.mem, a.mem != nil
 }
 
 func (a *apiClaims) get(resource, namespace, name string, into any) bool {

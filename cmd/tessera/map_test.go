@@ -270,3 +270,70 @@ func TestCatalogLintRenamedField(t *testing.T) {
 		t.Errorf("lint output does not name the path and field:\n%s", out)
 	}
 }
+
+// TestMapTableScaleFractionsAndStages: the table shows totals at minimum and
+// maximum scale, GPU units of fractions next to whole GPUs, claims it could not
+// count, staged gangs with their stage, and a generated name as a prefix.
+func TestMapTableScaleFractionsAndStages(t *testing.T) {
+	in := `apiVersion: serving.kserve.io/v1beta1
+kind: InferenceService
+metadata: {generateName: llm-, namespace: ns}
+spec:
+  predictor:
+    minReplicas: 1
+    maxReplicas: 5
+    annotations: {gpu-fraction: "0.5"}
+    model: {modelFormat: {name: huggingface}}
+---
+apiVersion: batch/v1
+kind: Job
+metadata: {name: nb, namespace: ns}
+spec:
+  parallelism: 2
+  template:
+    spec:
+      resourceClaims: [{name: g, resourceClaimTemplateName: quarter}]
+      containers: [{name: c, image: x}]
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: quarter, namespace: ns}
+spec: {spec: {devices: {requests: [{name: g, exactly: {deviceClassName: shared.gpu.tessera.dev, capacity: {requests: {memory: 20Gi}}}}]}}}
+---
+apiVersion: jobset.x-k8s.io/v1alpha2
+kind: JobSet
+metadata: {name: staged, namespace: ns}
+spec:
+  startupPolicy: {startupPolicyOrder: InOrder}
+  replicatedJobs:
+  - {name: driver, template: {spec: {template: {spec: {containers: [{name: c}]}}}}}
+  - {name: workers, template: {spec: {parallelism: 3, template: {spec: {containers: [{name: c}]}}}}}
+`
+	out, _, err := runCLI(t, in, "map", "-f", "-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"InferenceService ns/llm-<generated>",
+		// 0.5 units per pod, 1 to 5 pods.
+		"TOTAL  pods=1 (min 1, max 5)  gpus=0  gpu-units=0.5 (min 0.5, max 2.5)",
+		// The share's memory cannot be put in units without --gpu-memory.
+		"NOT COUNTED (+?)  pod: g",
+		"jobset-stage-0 x1 (minMember 1, stage 1 of 2), jobset-stage-1 x1 (minMember 3, stage 2 of 2)",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	// With the GPU's memory: 20Gi of 80Gi = 0.25 units per pod, 2 pods.
+	out, _, err = runCLI(t, in, "map", "-f", "-", "--gpu-memory", "80Gi")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "TOTAL  pods=2  gpus=0  gpu-units=0.5  gangs: job x1") {
+		t.Errorf("with --gpu-memory:\n%s", out)
+	}
+	if _, _, err := runCLI(t, in, "map", "-f", "-", "--gpu-memory", "lots"); err == nil || !strings.Contains(err.Error(), "--gpu-memory") {
+		t.Errorf("bad --gpu-memory: %v", err)
+	}
+}

@@ -7,12 +7,14 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-gpu/tessera/test/operators"
 	"github.com/tessera-gpu/tessera/test/sandbox"
 )
 
@@ -25,6 +27,7 @@ func newSandboxCommand() *cobra.Command {
 	cmd.PersistentFlags().StringVar(&stateDir, "state-dir", sandbox.DefaultStateDir(), "where the sandbox keeps its kubeconfig and state")
 
 	var opts sandbox.Options
+	var ops string
 	up := &cobra.Command{
 		Use:   "up",
 		Short: "Start the sandbox (and a scenario) and keep it running until Ctrl-C",
@@ -32,8 +35,14 @@ func newSandboxCommand() *cobra.Command {
 module proxy by hack/build-k8s.sh), simulated DGX nodes — each a simulated kubelet
 with tessera-node's agent and kubelet DRA plugin on mock NVML — and
 tessera-scheduler, with the CRDs, DeviceClasses and example queues. With
---scenario demo it runs the demo scenario and stops at its end (unless --keep).`,
+--scenario demo it runs the demo scenario and stops at its end (unless --keep).
+--operators starts real workload operators (built by hack/build-operators.sh)
+against the sandbox's API server.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if opts.Operators, err = operators.Parse(ops); err != nil {
+				return fmt.Errorf("--operators: %w", err)
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			if err := os.MkdirAll(stateDir, 0o755); err != nil {
@@ -59,6 +68,7 @@ tessera-scheduler, with the CRDs, DeviceClasses and example queues. With
 	up.Flags().StringVar(&opts.Scenario, "scenario", "", "scenario to run: demo (implies --mig and --shared)")
 	up.Flags().BoolVar(&opts.Keep, "keep", false, "stay up after the scenario ends")
 	up.Flags().Float64Var(&opts.Speed, "speed", 1, "divide the scenario's simulated run times by this factor")
+	up.Flags().StringVar(&ops, "operators", "", "workload operators to run, comma-separated: "+strings.Join(operators.Known(), ",")+" (trainer starts jobset too; default none)")
 
 	down := &cobra.Command{
 		Use:   "down",

@@ -27,9 +27,10 @@ var ErrRetry = errors.New("retry later")
 
 // NewCatalogResolver starts the catalog's informer-backed pod resolver for cat
 // against the cluster of cfg, waits for its caches, and adapts it to the
-// mapper. Stop it with Resolver.Shutdown.
-func NewCatalogResolver(ctx context.Context, cat *catalog.Catalog, cfg *rest.Config) (*CatalogResolver, error) {
-	r, err := resolver.NewForConfig(ctx, cat, cfg)
+// mapper. opts are passed to the resolver (resolver.WithClusterDefinitions makes
+// it follow the cluster's WorkloadDefinitions). Stop it with Resolver.Shutdown.
+func NewCatalogResolver(ctx context.Context, cat *catalog.Catalog, cfg *rest.Config, opts ...resolver.Option) (*CatalogResolver, error) {
+	r, err := resolver.NewForConfig(ctx, cat, cfg, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("catalog resolver: %w", err)
 	}

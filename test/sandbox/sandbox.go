@@ -27,6 +27,7 @@ import (
 	"github.com/tessera-gpu/tessera/nodeagent/nvmlbackend"
 	"github.com/tessera-gpu/tessera/nodeagent/partition"
 	"github.com/tessera-gpu/tessera/test/framework"
+	"github.com/tessera-gpu/tessera/test/operators"
 )
 
 // Options configure a sandbox.
@@ -51,6 +52,9 @@ type Options struct {
 	Keep bool
 	// Speed divides the scenario's simulated run times (default 1).
 	Speed float64
+	// Operators are the workload operators to run against the sandbox's API
+	// server (package test/operators names them; default none).
+	Operators []string
 }
 
 // DefaultStateDir is where `tessera sandbox up` keeps its state, so that
@@ -78,6 +82,7 @@ type Sandbox struct {
 	config     *rest.Config
 	nodes      []*simNode
 	scheduler  *runningScheduler
+	operators  *operators.Set
 	kubeconfig string
 }
 
@@ -213,6 +218,16 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 	if err != nil {
 		return nil, err
 	}
+	if len(opts.Operators) > 0 {
+		s.say("starting workload operators: %s", strings.Join(opts.Operators, ", "))
+		s.operators, err = operators.Start(ctx, opts.Operators, operators.Options{
+			Config: s.config, Kubeconfig: s.kubeconfig, Dir: filepath.Join(opts.StateDir, "operators"),
+			Log: func(format string, args ...any) { s.say("  "+format, args...) },
+		})
+		if err != nil {
+			return nil, fmt.Errorf("start operators: %w", err)
+		}
+	}
 	s.say("creating the example queues (research → team-a, team-b) and namespaces")
 	if err := s.applyDemoFile(ctx, ap, "00-queues.yaml"); err != nil {
 		return nil, err
@@ -322,6 +337,9 @@ func (s *Sandbox) partitionConfig() *partition.Config {
 	}}}
 }
 
+// Operators returns the workload operators the sandbox runs (nil for none).
+func (s *Sandbox) Operators() *operators.Set { return s.operators }
+
 // Config returns an admin client configuration for the sandbox's API server.
 func (s *Sandbox) Config() *rest.Config { return s.config }
 
@@ -330,6 +348,12 @@ func (s *Sandbox) Config() *rest.Config { return s.config }
 func (s *Sandbox) Stop() error {
 	s.say("stopping the sandbox...")
 	var errs []error
+	if s.operators != nil {
+		if err := s.operators.Stop(); err != nil {
+			errs = append(errs, fmt.Errorf("operators: %w", err))
+		}
+		_ = os.RemoveAll(filepath.Join(s.opts.StateDir, "operators"))
+	}
 	if s.scheduler != nil {
 		if err := s.scheduler.stop(); err != nil {
 			errs = append(errs, fmt.Errorf("scheduler: %w", err))

@@ -28,7 +28,9 @@ func startScheduler(ctx context.Context, cfg *rest.Config) (*runningScheduler, e
 		return nil, fmt.Errorf("built-in catalog: %w", err)
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	res, err := mapper.NewCatalogResolver(ctx, cat, cfg)
+	// As tessera-scheduler runs by default: following the cluster's
+	// WorkloadDefinitions (the sandbox installs their CRD first).
+	res, err := mapper.NewCatalogResolver(ctx, cat, cfg, resolver.WithClusterDefinitions(nil, true))
 	if err != nil {
 		cancel()
 		return nil, err

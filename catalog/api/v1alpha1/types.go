@@ -104,6 +104,31 @@ type ComponentDefinition struct {
 	InstanceIdPath *string `json:"instanceIdPath,omitempty"` //nolint:revive // field name fixed by the format
 	// +optional
 	PodSelector *PodSelector `json:"podSelector,omitempty"`
+	// StartupDefinition says in which order the operator creates the pods of
+	// the component's instances (a tessera extension of the format).
+	// +optional
+	StartupDefinition *StartupDefinition `json:"startupDefinition,omitempty"`
+	// GangKeyPath yields one key per instance (a tessera extension of the
+	// format): instances of one pod group with different keys are different
+	// all-or-nothing gangs, named "<group>-<key>" (an empty key keeps the group's
+	// name). For operators that cut one group into several gangs, as Grove makes
+	// a base PodGang and one scaled PodGang per scaling-group replica beyond
+	// minAvailable.
+	// +optional
+	GangKeyPath *string `json:"gangKeyPath,omitempty"`
+}
+
+// StartupDefinition describes staged creation: an operator that creates some
+// pods only after others run or finish (JobSet startupPolicy InOrder and
+// dependsOn, MPIJob launcherCreationPolicy WaitForWorkersReady, LeaderWorkerSet
+// startupPolicy LeaderReady). Pods of one pod group in different stages can
+// never all exist at once, so each stage becomes a gang of its own.
+type StartupDefinition struct {
+	// StagePath yields one stage per instance (0 first, a non-negative integer),
+	// in the order of the component's other paths; without it every instance is
+	// in stage 0.
+	// +optional
+	StagePath *string `json:"stagePath,omitempty"`
 }
 
 // SpecDefinition says where the component's pod spec is: exactly one of a pod
