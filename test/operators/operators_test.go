@@ -2,6 +2,7 @@ package operators
 
 import (
 	"context"
+	jsonpatch "gopkg.in/evanphx/json-patch.v4"
 	"os"
 	"strings"
 	"testing"
@@ -114,19 +115,28 @@ spec:
 	}
 }
 
-// TestApplyReplaceOps: the operators' kustomize patches use replace only; any
-// other operation, or a path that does not exist, is an error.
-func TestApplyReplaceOps(t *testing.T) {
+// TestApplyPatch: the operators' kustomize patches are applied as JSON patches; an
+// operation whose path does not exist is an error, not skipped.
+func TestApplyPatch(t *testing.T) {
 	doc := map[string]any{"metadata": map[string]any{"name": "a"}, "webhooks": []any{map[string]any{"name": "x"}}}
-	if err := applyReplaceOps(doc, []patchOp{{Op: "replace", Path: "/metadata/name", Value: "b"}, {Op: "replace", Path: "/webhooks/0", Value: map[string]any{"name": "y"}}}); err != nil {
+	patch, err := jsonpatch.DecodePatch([]byte(`[{"op":"replace","path":"/metadata/name","value":"b"},{"op":"replace","path":"/webhooks/0","value":{"name":"y"}}]`))
+	if err != nil {
 		t.Fatal(err)
 	}
-	if doc["metadata"].(map[string]any)["name"] != "b" || doc["webhooks"].([]any)[0].(map[string]any)["name"] != "y" {
-		t.Errorf("patched %v", doc)
+	got, err := applyPatch(doc, patch)
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, op := range []patchOp{{Op: "add", Path: "/metadata/x"}, {Op: "replace", Path: "/webhooks/3"}, {Op: "replace", Path: "/missing/x"}} {
-		if err := applyReplaceOps(doc, []patchOp{op}); err == nil {
-			t.Errorf("%+v applied", op)
+	if got["metadata"].(map[string]any)["name"] != "b" || got["webhooks"].([]any)[0].(map[string]any)["name"] != "y" {
+		t.Errorf("patched %v", got)
+	}
+	for _, op := range []string{`[{"op":"replace","path":"/webhooks/3","value":1}]`, `[{"op":"replace","path":"/missing/x","value":1}]`, `[{"op":"test","path":"/metadata/name","value":"zz"}]`} {
+		patch, err := jsonpatch.DecodePatch([]byte(op))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := applyPatch(doc, patch); err == nil {
+			t.Errorf("%s applied", op)
 		}
 	}
 }

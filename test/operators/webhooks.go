@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	jsonpatch "gopkg.in/evanphx/json-patch.v4"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
@@ -56,9 +57,11 @@ func webhookConfigs(dir, operator string, port int, caPEM []byte, keep func(reso
 			if o.GetKind() != kind {
 				continue
 			}
-			if err := applyReplaceOps(o.Object, ops); err != nil {
+			patched, err := applyPatch(o.Object, ops)
+			if err != nil {
 				return nil, fmt.Errorf("%s: %w", p, err)
 			}
+			o.Object = patched
 		}
 	}
 	var out []*unstructured.Unstructured
@@ -146,14 +149,8 @@ func decodeYAML(data []byte) ([]*unstructured.Unstructured, error) {
 	return out, nil
 }
 
-// patchOp is one JSON-patch (RFC 6902) operation of a kustomize patch file.
-type patchOp struct {
-	Op    string `json:"op"`
-	Path  string `json:"path"`
-	Value any    `json:"value"`
-}
-
-func readPatch(path string) ([]patchOp, error) {
+// readPatch reads a kustomize JSON-patch (RFC 6902) file, YAML or JSON.
+func readPatch(path string) (jsonpatch.Patch, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
@@ -162,52 +159,29 @@ func readPatch(path string) ([]patchOp, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	var ops []patchOp
-	if err := json.Unmarshal(js, &ops); err != nil {
+	patch, err := jsonpatch.DecodePatch(js)
+	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	return ops, nil
+	return patch, nil
 }
 
-// applyReplaceOps applies "replace" operations, the only kind the operators'
-// webhook patches use (written here rather than pulling a JSON-patch library
-// into the module for three files; any other op is an error, never skipped).
-func applyReplaceOps(doc map[string]any, ops []patchOp) error {
-	for _, op := range ops {
-		if op.Op != "replace" {
-			return fmt.Errorf("patch op %q at %s: only replace is supported", op.Op, op.Path)
-		}
-		parts := strings.Split(strings.TrimPrefix(op.Path, "/"), "/")
-		var cur any = doc
-		for i, p := range parts {
-			p = strings.ReplaceAll(strings.ReplaceAll(p, "~1", "/"), "~0", "~")
-			last := i == len(parts)-1
-			switch c := cur.(type) {
-			case map[string]any:
-				if _, ok := c[p]; !ok {
-					return fmt.Errorf("replace %s: %q does not exist", op.Path, p)
-				}
-				if last {
-					c[p] = op.Value
-				} else {
-					cur = c[p]
-				}
-			case []any:
-				n, err := strconv.Atoi(p)
-				if err != nil || n < 0 || n >= len(c) {
-					return fmt.Errorf("replace %s: index %q out of range", op.Path, p)
-				}
-				if last {
-					c[n] = op.Value
-				} else {
-					cur = c[n]
-				}
-			default:
-				return fmt.Errorf("replace %s: %q is not a container", op.Path, p)
-			}
-		}
+// applyPatch applies a JSON patch to an object with the library the API server
+// uses for JSON patches; an operation that cannot apply is an error.
+func applyPatch(doc map[string]any, patch jsonpatch.Patch) (map[string]any, error) {
+	js, err := json.Marshal(doc)
+	if err != nil {
+		return nil, err
 	}
-	return nil
+	js, err = patch.Apply(js)
+	if err != nil {
+		return nil, err
+	}
+	var out map[string]any
+	if err := json.Unmarshal(js, &out); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // crdFiles lists an operator's CRD manifests.
