@@ -3,6 +3,7 @@ package realnode
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -219,4 +220,22 @@ func (n *Node) writeFakeTools() error {
 		}
 	}
 	return nil
+}
+
+// Metrics returns the instance's /metrics (the agent's and the DRA plugin's).
+func (p *Plugin) Metrics(ctx context.Context) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.http+"/metrics", nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("metrics of %s: %w", p.Name, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", fmt.Errorf("metrics of %s: %w", p.Name, err)
+	}
+	return string(body), nil
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -19,6 +20,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
@@ -30,6 +32,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/contract"
 	"github.com/tessera-gpu/tessera/deployments/deviceclasses"
+	"github.com/tessera-gpu/tessera/draplugin/checkpoint"
 	"github.com/tessera-gpu/tessera/test/framework"
 	"github.com/tessera-gpu/tessera/test/realnode"
 )
@@ -261,6 +264,8 @@ echo '== env'
 env | sort
 echo '== mounts'
 cat /proc/self/mounts
+echo '== mps'
+ls -l /tmp/nvidia-mps 2>/dev/null || true
 echo '== end'
 exec sleep 3600
 `
@@ -331,6 +336,8 @@ func (e *env) waitFor(what string, timeout time.Duration, cond func(ctx context.
 // waitRunning waits until the pod's container runs and returns the pod.
 func (e *env) waitRunning(pod *corev1.Pod) *corev1.Pod {
 	e.t.Helper()
+	start := time.Now()
+	defer func() { e.t.Logf("pod %s running after %s", pod.Name, time.Since(start).Round(10*time.Millisecond)) }()
 	var got *corev1.Pod
 	e.waitFor("pod "+pod.Name+" running", 2*time.Minute, func(ctx context.Context) (bool, error) {
 		p, err := e.client.CoreV1().Pods(e.ns).Get(ctx, pod.Name, metav1.GetOptions{})
@@ -351,6 +358,7 @@ type report struct {
 	devices map[string]string // path → "<major>:<minor>" (decimal)
 	env     map[string]string
 	mounts  map[string]string // container path → "<source> <fstype> <options>"
+	mps     []string          // ls -l of the MPS pipe directory
 }
 
 // readReport reads the pod's log through the API server (which fetches it
@@ -394,6 +402,8 @@ func (e *env) readReport(pod *corev1.Pod) report {
 			if len(f) >= 4 {
 				r.mounts[f[1]] = f[0] + " " + f[2] + " " + f[3]
 			}
+		case "mps":
+			r.mps = append(r.mps, line)
 		}
 	}
 	return r
@@ -472,6 +482,8 @@ func (s runtimeSpec) nvidiaDevices() map[string]string {
 // deletePod deletes a pod (grace period 1s) and waits until it is gone.
 func (e *env) deletePod(pod *corev1.Pod) {
 	e.t.Helper()
+	start := time.Now()
+	defer func() { e.t.Logf("pod %s gone after %s", pod.Name, time.Since(start).Round(10*time.Millisecond)) }()
 	if err := e.client.CoreV1().Pods(e.ns).Delete(e.ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](1)}); err != nil {
 		e.t.Fatalf("delete pod %s: %v", pod.Name, err)
 	}
@@ -544,4 +556,59 @@ func diffMaps(got, want map[string]string) string {
 	}
 	sort.Strings(diffs)
 	return strings.Join(diffs, "; ")
+}
+
+// checkpoint returns the claims of tessera-node's checkpoint by UID.
+func (e *env) checkpoint() map[types.UID]*checkpoint.Claim {
+	e.t.Helper()
+	cp, err := checkpoint.Read(filepath.Join(e.node.PluginDir(), "checkpoint.json"))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if cp == nil {
+		return nil
+	}
+	return cp.Data.Claims
+}
+
+// preparedDevices is tessera-node's gauge tessera_draplugin_prepared_devices
+// of kind (gpu, mig, shared), from its /metrics.
+func (e *env) preparedDevices(p *realnode.Plugin, kind string) int {
+	e.t.Helper()
+	body, err := p.Metrics(e.ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	prefix := `tessera_draplugin_prepared_devices{kind="` + kind + `"} `
+	for _, line := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(line, prefix); ok {
+			var n float64
+			if _, err := fmt.Sscanf(v, "%g", &n); err != nil {
+				e.t.Fatalf("metric line %q: %v", line, err)
+			}
+			return int(n)
+		}
+	}
+	return 0
+}
+
+// sliceDevice returns the named device of the node's ResourceSlices.
+func (e *env) sliceDevice(name string) *resourceapi.Device {
+	e.t.Helper()
+	list, err := e.client.ResourceV1().ResourceSlices().List(e.ctx, metav1.ListOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, s := range list.Items {
+		if s.Spec.Pool.Name != e.node.Name() {
+			continue
+		}
+		for i := range s.Spec.Devices {
+			if s.Spec.Devices[i].Name == name {
+				return &s.Spec.Devices[i]
+			}
+		}
+	}
+	e.t.Fatalf("device %s is not published by node %s", name, e.node.Name())
+	return nil
 }
