@@ -2,8 +2,10 @@ package realnode
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -98,21 +100,21 @@ func (n *Node) StartPlugin(ctx context.Context, opts PluginOptions) (*Plugin, er
 		return nil, err
 	}
 	n.started = append(n.started, p)
-	if err := p.waitReady(ctx, n.RegistryDir()); err != nil {
+	if err := p.waitReady(ctx, n); err != nil {
 		p.Kill()
 		return nil, err
 	}
 	return p, nil
 }
 
-func (p *Plugin) waitReady(ctx context.Context, registry string) error {
+func (p *Plugin) waitReady(ctx context.Context, n *Node) error {
 	deadline := time.Now().Add(60 * time.Second)
 	client := &http.Client{Timeout: 2 * time.Second}
 	for {
 		if done, err := p.proc.exited(); done {
 			return fmt.Errorf("%s: %w (%v): %s", p.Name, errExited, err, p.proc.logTail(30))
 		}
-		if p.published(client) && p.registered(registry) {
+		if p.published(client) && p.registered(n.RegistryDir()) && n.kubeletRegistered(ctx, p.socket(n.RegistryDir())) {
 			return nil
 		}
 		if time.Now().After(deadline) {
@@ -135,15 +137,44 @@ func (p *Plugin) published(client *http.Client) bool {
 	return resp.StatusCode == http.StatusOK
 }
 
-// registered: the registration socket the kubeletplugin helper creates,
+// socket is the registration socket the kubeletplugin helper creates,
 // gpu.tessera.dev-reg.sock, or gpu.tessera.dev-<pod UID>-reg.sock.
-func (p *Plugin) registered(registry string) bool {
+func (p *Plugin) socket(registry string) string {
 	name := contract.DriverName + "-reg.sock"
 	if p.PodUID != "" {
 		name = contract.DriverName + "-" + p.PodUID + "-reg.sock"
 	}
-	fi, err := os.Stat(filepath.Join(registry, name))
+	return filepath.Join(registry, name)
+}
+
+func (p *Plugin) registered(registry string) bool {
+	fi, err := os.Stat(p.socket(registry))
 	return err == nil && fi.Mode()&os.ModeSocket != 0
+}
+
+// kubeletRegistered reports whether the kubelet's plugin manager has
+// registered the plugin behind socket (its metric
+// plugin_manager_total_plugins{state="actual_state_of_world"}): the kubelet
+// registers a new socket within about a second, and a pod that comes before
+// that waits for the kubelet's retry (10s and more).
+func (n *Node) kubeletRegistered(ctx context.Context, socket string) bool {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+net.JoinHostPort(n.nodeIP, strconv.Itoa(n.kubeletPort))+"/metrics", nil)
+	if err != nil {
+		return false
+	}
+	// The kubelet serves a self-signed certificate; this is its own test node.
+	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	resp, err := client.Do(req)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return false
+	}
+	want := `plugin_manager_total_plugins{socket_path="` + socket + `",state="actual_state_of_world"} 1`
+	return strings.Contains(string(body), want)
 }
 
 // Stop ends the instance as the kubelet ends a pod (SIGTERM, then SIGKILL

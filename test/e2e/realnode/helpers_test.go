@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -317,7 +318,8 @@ func (e *env) schedule(pod *corev1.Pod, claim *resourceapi.ResourceClaim, alloc 
 }
 
 // waitFor polls cond every 200ms until it holds or timeout passes.
-func (e *env) waitFor(what string, timeout time.Duration, cond func(ctx context.Context) (bool, error)) {
+// describe, when given, adds what was seen last to the failure.
+func (e *env) waitFor(what string, timeout time.Duration, cond func(ctx context.Context) (bool, error), describe ...func() string) {
 	e.t.Helper()
 	var last error
 	err := wait.PollUntilContextTimeout(e.ctx, 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
@@ -329,7 +331,11 @@ func (e *env) waitFor(what string, timeout time.Duration, cond func(ctx context.
 		return ok, nil
 	})
 	if err != nil {
-		e.t.Fatalf("%s: not within %s (last error: %v)", what, timeout, last)
+		seen := ""
+		for _, d := range describe {
+			seen += "; " + d()
+		}
+		e.t.Fatalf("%s: not within %s (last error: %v)%s", what, timeout, last, seen)
 	}
 }
 
@@ -572,16 +578,29 @@ func (e *env) checkpoint() map[types.UID]*checkpoint.Claim {
 }
 
 // preparedDevices is tessera-node's gauge tessera_draplugin_prepared_devices
-// of kind (gpu, mig, shared), from its /metrics.
+// of kind (gpu, mig, shared).
 func (e *env) preparedDevices(p *realnode.Plugin, kind string) int {
+	e.t.Helper()
+	return e.metric(p, `tessera_draplugin_prepared_devices{kind="`+kind+`"}`)
+}
+
+// claimOperations is tessera-node's counter of claims prepared or unprepared
+// (operation "prepare" or "unprepare") since the instance started.
+func (e *env) claimOperations(p *realnode.Plugin, operation string) int {
+	e.t.Helper()
+	return e.metric(p, `tessera_draplugin_claim_operations_total{operation="`+operation+`"}`)
+}
+
+// metric reads one sample ("name{labels}") from the instance's /metrics; 0
+// when absent.
+func (e *env) metric(p *realnode.Plugin, sample string) int {
 	e.t.Helper()
 	body, err := p.Metrics(e.ctx)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	prefix := `tessera_draplugin_prepared_devices{kind="` + kind + `"} `
 	for _, line := range strings.Split(body, "\n") {
-		if v, ok := strings.CutPrefix(line, prefix); ok {
+		if v, ok := strings.CutPrefix(line, sample+" "); ok {
 			var n float64
 			if _, err := fmt.Sscanf(v, "%g", &n); err != nil {
 				e.t.Fatalf("metric line %q: %v", line, err)
@@ -612,3 +631,5 @@ func (e *env) sliceDevice(name string) *resourceapi.Device {
 	e.t.Fatalf("device %s is not published by node %s", name, e.node.Name())
 	return nil
 }
+
+func itoa(i int) string { return strconv.Itoa(i) }
