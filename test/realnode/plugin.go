@@ -14,6 +14,9 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+
 	"github.com/tessera-gpu/tessera/contract"
 )
 
@@ -142,7 +145,7 @@ func (p *Plugin) published(client *http.Client) bool {
 func (p *Plugin) socket(registry string) string {
 	name := contract.DriverName + "-reg.sock"
 	if p.PodUID != "" {
-		name = contract.DriverName + "-" + p.PodUID + "-reg.sock"
+		name = kubeletplugin.RollingUpdateRegistrarSocketFile(registry, contract.DriverName, types.UID(p.PodUID))
 	}
 	return filepath.Join(registry, name)
 }

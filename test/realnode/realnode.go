@@ -98,7 +98,7 @@ type Node struct {
 const (
 	ownerFile   = "owner.pid"
 	sysctlsFile = "sysctls"
-	dirPrefix   = "tessera-realnode-"
+	dirPrefix   = "trn-"
 )
 
 // kubeletTunables are the kernel tunables the kubelet sets at start

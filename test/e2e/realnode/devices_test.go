@@ -49,13 +49,14 @@ func (e *env) checkDevices(pod *corev1.Pod, r report, want map[string]string) {
 
 // deleteAndCheckUnprepared deletes the pod and waits until the kubelet has
 // unprepared its claim: tessera-node's checkpoint no longer holds it, its
-// CDI spec is gone and no device of kind is prepared.
+// CDI spec is gone and no device of kind is prepared (the test's other
+// claims are of other kinds).
 func (e *env) deleteAndCheckUnprepared(pod *corev1.Pod, claim *resourceapi.ResourceClaim, kind string) {
 	e.t.Helper()
 	e.deletePod(pod)
 	e.waitFor("claim "+claim.Name+" unprepared", time.Minute, func(context.Context) (bool, error) {
 		_, held := e.checkpoint()[claim.UID]
-		return !held && len(e.specFiles()) == 0 && e.preparedDevices(e.node.Plugin, kind) == 0, nil
+		return !held && !e.hasSpec(claim) && e.preparedDevices(e.node.Plugin, kind) == 0, nil
 	})
 }
 

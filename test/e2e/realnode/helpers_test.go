@@ -513,6 +513,16 @@ func (e *env) specFiles() []string {
 	return out
 }
 
+// hasSpec reports whether a CDI spec of the claim is on disk.
+func (e *env) hasSpec(claim *resourceapi.ResourceClaim) bool {
+	for _, f := range e.specFiles() {
+		if strings.Contains(f, string(claim.UID)) {
+			return true
+		}
+	}
+	return false
+}
+
 // events returns the messages of the pod's events with the given reason.
 func (e *env) events(pod *corev1.Pod, reason string) []string {
 	e.t.Helper()
