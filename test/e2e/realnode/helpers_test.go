@@ -643,3 +643,16 @@ func (e *env) sliceDevice(name string) *resourceapi.Device {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// allEvents returns "reason: message" of every event of the pod.
+func (e *env) allEvents(pod *corev1.Pod) []string {
+	list, err := e.client.CoreV1().Events(e.ns).List(e.ctx, metav1.ListOptions{FieldSelector: "involvedObject.uid=" + string(pod.UID)})
+	if err != nil {
+		return []string{err.Error()}
+	}
+	var out []string
+	for _, ev := range list.Items {
+		out = append(out, fmt.Sprintf("%s: %s (x%d)", ev.Reason, ev.Message, max(ev.Count, 1)))
+	}
+	return out
+}
