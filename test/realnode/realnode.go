@@ -84,7 +84,7 @@ type Node struct {
 	images      []string
 	lock        *machineLock
 	sysctls     map[string]string
-	hostPaths   map[string]bool // host paths that existed before the node started
+	baseline    *Baseline // the machine before the node started
 
 	anchor     *process
 	containerd *process
@@ -116,6 +116,7 @@ var hostPathsToWatch = []string{
 	"/var/lib/kubelet", "/var/lib/containerd", "/var/lib/cni", "/run/containerd", "/run/netns",
 	"/var/log/pods", "/var/log/containers", "/etc/cni/net.d", "/opt/containerd", "/run/nri",
 	"/usr/libexec/kubernetes", "/etc/kubernetes", "/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia-caps", "/var/run/cdi", "/run/tessera",
+	"/var/lib/kubelet/device-plugins/kubelet.sock",
 }
 
 // Check says why this machine cannot run a real node, or returns nil: it
@@ -260,12 +261,7 @@ func Start(ctx context.Context, opts Options) (n *Node, err error) {
 	if err := sweepStale(); err != nil {
 		return nil, fmt.Errorf("clean up after an earlier real node: %w", err)
 	}
-	n.hostPaths = map[string]bool{}
-	for _, p := range hostPathsToWatch {
-		if _, err := os.Lstat(p); err == nil {
-			n.hostPaths[p] = true
-		}
-	}
+	n.baseline = TakeBaseline()
 	// Unix socket paths are limited to 108 bytes: keep the directory short.
 	if n.dir, err = os.MkdirTemp("", dirPrefix); err != nil {
 		return nil, fmt.Errorf("node directory: %w", err)
@@ -444,34 +440,123 @@ func (n *Node) Stop() error {
 // plugins are the tessera-node instances started so far (Stop ends them).
 func (n *Node) plugins() []*Plugin { return n.started }
 
-// Leftovers lists what of a real node is still on this machine: processes
-// of the node binaries or under the node's directory, cgroups, the bridge,
-// mounts, host paths the node's programs must never create. Empty when the
-// machine is clean.
+// Leftovers lists what of this node is still on the machine: processes of
+// the node binaries or under the node's directory, cgroups, the bridge,
+// mounts, veth interfaces, host paths the node's programs must never create.
+// Empty when the machine is clean.
 func (n *Node) Leftovers() []string {
-	var left []string
-	dirs := []string{n.binDir}
-	if n.dir != "" {
-		dirs = append(dirs, n.dir)
+	return n.baseline.leftovers(n.binDir, n.dir)
+}
+
+// Baseline is what the machine looked like before real nodes ran, for the
+// check that they left nothing behind.
+type Baseline struct {
+	paths    map[string]bool
+	veths    map[string]bool
+	tunables map[string]string
+}
+
+// TakeBaseline records the machine's state now.
+func TakeBaseline() *Baseline {
+	b := &Baseline{paths: map[string]bool{}, veths: map[string]bool{}, tunables: map[string]string{}}
+	for _, p := range hostPathsToWatch {
+		if _, err := os.Lstat(p); err == nil {
+			b.paths[p] = true
+		}
 	}
-	left = append(left, processesUnder(dirs...)...)
+	for _, v := range vethInterfaces() {
+		b.veths[v] = true
+	}
+	for _, t := range kubeletTunables {
+		if data, err := os.ReadFile("/proc/sys/" + t); err == nil {
+			b.tunables[t] = strings.TrimSpace(string(data))
+		}
+	}
+	return b
+}
+
+// Leftovers lists anything of any real node found on the machine that was
+// not there when the baseline was taken: processes of the node binaries (in
+// binDir, default BinDir()) or under a node directory, node directories and
+// the mounts under them, the cgroups, the bridge, veth interfaces, network
+// namespaces in /run/netns, host paths, changed kernel tunables. It takes
+// the machine lock first, so that a real node another process runs right
+// now is not mistaken for a leftover.
+func (b *Baseline) Leftovers(ctx context.Context, binDir string) []string {
+	if binDir == "" {
+		binDir, _ = BinDir()
+	}
+	lock, err := acquireLock(ctx, func(string, ...any) {})
+	if err != nil {
+		return []string{err.Error()}
+	}
+	defer lock.release()
+	left := b.leftovers(binDir, filepath.Join(os.TempDir(), dirPrefix))
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
+	for _, d := range dirs {
+		left = append(left, "node directory "+d)
+	}
+	for t, v := range b.tunables {
+		if data, err := os.ReadFile("/proc/sys/" + t); err == nil && strings.TrimSpace(string(data)) != v {
+			left = append(left, fmt.Sprintf("kernel tunable %s=%s (was %s)", t, strings.TrimSpace(string(data)), v))
+		}
+	}
+	return left
+}
+
+func (b *Baseline) leftovers(binDir, dir string) []string {
+	var left []string
+	if b == nil {
+		b = &Baseline{}
+	}
+	left = append(left, processesUnder(binDir, dir)...)
 	for _, c := range cgroupsLeft(cgroupRoot) {
 		left = append(left, "cgroup "+c)
 	}
 	if bridgeExists() {
 		left = append(left, "network interface "+bridgeName)
 	}
-	if n.dir != "" {
-		for _, m := range hostMounts(n.dir) {
+	for _, v := range vethInterfaces() {
+		if !b.veths[v] {
+			left = append(left, "veth interface "+v)
+		}
+	}
+	if dir != "" {
+		for _, m := range hostMounts(dir) {
 			left = append(left, "mount "+m)
 		}
 	}
 	for _, p := range hostPathsToWatch {
-		if _, err := os.Lstat(p); err == nil && !n.hostPaths[p] {
+		if _, err := os.Lstat(p); err == nil && !b.paths[p] {
 			left = append(left, "host path "+p)
 		}
 	}
 	return left
+}
+
+// vethInterfaces lists the host's veth interfaces (a pod's network namespace
+// that survived leaves its host end here).
+func vethInterfaces() []string {
+	entries, _ := os.ReadDir("/sys/class/net")
+	var out []string
+	for _, e := range entries {
+		data, err := os.ReadFile(filepath.Join("/sys/class/net", e.Name(), "uevent"))
+		if err == nil && strings.Contains(string(data), "DEVTYPE=veth") {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// Sweep cleans up after real nodes whose process died without stopping them
+// (see sweepStale); Start does it anyway. It waits for the machine lock.
+func Sweep(ctx context.Context) error {
+	lock, err := acquireLock(ctx, func(string, ...any) {})
+	if err != nil {
+		return err
+	}
+	defer lock.release()
+	return sweepStale()
 }
 
 // sweepStale cleans up after a real node whose process died without

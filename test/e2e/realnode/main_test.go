@@ -11,11 +11,14 @@
 package realnode
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/tessera-gpu/tessera/test/framework"
 	"github.com/tessera-gpu/tessera/test/realnode"
@@ -32,6 +35,9 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(envChild) != "" {
+		os.Exit(killedOwnerChild())
+	}
 	if err := realnode.Check(""); err != nil {
 		unavailable = err.Error()
 	} else {
@@ -55,8 +61,18 @@ func TestMain(m *testing.M) {
 			_ = os.RemoveAll(dir)
 			os.Exit(1)
 		}
+		baseline := realnode.TakeBaseline()
 		code := framework.RunWith(m, framework.Options{ExtraAPIServerFlags: realnode.APIServerFlags})
 		_ = os.RemoveAll(dir)
+		// Every test tears its node down and checks it; this catches what a
+		// test that died half-way (or a missed cleanup) left on the machine.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		left := baseline.Leftovers(ctx, "")
+		cancel()
+		if len(left) > 0 {
+			fmt.Fprintf(os.Stderr, "FAIL: the real-node tests left things on this machine:\n  %s\n", strings.Join(left, "\n  "))
+			code = 1
+		}
 		os.Exit(code)
 	}
 	os.Exit(framework.RunWith(m, framework.Options{ExtraAPIServerFlags: realnode.APIServerFlags}))
