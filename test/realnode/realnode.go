@@ -17,6 +17,7 @@ package realnode
 
 import (
 	"context"
+	"debug/elf"
 	"errors"
 	"fmt"
 	"os"
@@ -134,10 +135,10 @@ func Check(binDir string) error {
 	if _, err := findCNIBinDir(); err != nil {
 		problems = append(problems, err.Error())
 	}
-	if _, err := os.Stat(BusyboxPath); err != nil {
-		problems = append(problems, "no "+BusyboxPath+" (apt-get install busybox-static)")
+	if err := checkStatic(BusyboxPath); err != nil {
+		problems = append(problems, err.Error()+" (apt-get install busybox-static)")
 	}
-	for _, tool := range []string{"unshare", "nsenter", "mountpoint"} {
+	for _, tool := range []string{"unshare", "nsenter", "mountpoint", "ip"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			problems = append(problems, "no "+tool+" on PATH (util-linux)")
 		}
@@ -157,6 +158,22 @@ func Check(binDir string) error {
 	}
 	if len(problems) > 0 {
 		return errors.New(strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// checkStatic makes sure path is a statically linked executable: the test
+// image holds it alone, without a C library.
+func checkStatic(path string) error {
+	f, err := elf.Open(path)
+	if err != nil {
+		return fmt.Errorf("no usable %s: %w", path, err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return fmt.Errorf("%s is dynamically linked; the test image needs a static one", path)
+		}
 	}
 	return nil
 }
