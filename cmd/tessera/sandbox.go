@@ -59,6 +59,7 @@ tessera-scheduler, with the CRDs, DeviceClasses and example queues. With
 	up.Flags().StringVar(&opts.Scenario, "scenario", "", "scenario to run: demo (implies --mig and --shared)")
 	up.Flags().BoolVar(&opts.Keep, "keep", false, "stay up after the scenario ends")
 	up.Flags().Float64Var(&opts.Speed, "speed", 1, "divide the scenario's simulated run times by this factor")
+	up.Flags().BoolVar(&opts.RealNode, "real-node", false, "add one real node (kubelet, containerd, real containers on mock GPUs; needs root, runc and `make node-bin`) beside the simulated ones")
 
 	down := &cobra.Command{
 		Use:   "down",

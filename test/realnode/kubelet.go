@@ -55,7 +55,20 @@ imageGCLowThresholdPercent: 99
 evictionHard: {memory.available: "1%%", nodefs.available: "1%%", imagefs.available: "1%%", nodefs.inodesFree: "1%%"}
 serializeImagePulls: false
 syncFrequency: 10s
-`, cgroupRoot, n.containerdSocket(), n.nodeIP, n.kubeletPort, n.healthzPort, n.path("pod-logs"), n.path("volume-plugins"), resolv)
+%[9]s`, cgroupRoot, n.containerdSocket(), n.nodeIP, n.kubeletPort, n.healthzPort, n.path("pod-logs"), n.path("volume-plugins"), resolv, n.registerTaints())
+}
+
+// registerTaints is the registerWithTaints field for Options.Taints.
+func (n *Node) registerTaints() string {
+	if len(n.opts.Taints) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("registerWithTaints:\n")
+	for _, t := range n.opts.Taints {
+		fmt.Fprintf(&b, "- {key: %q, value: %q, effect: %q}\n", t.Key, t.Value, t.Effect)
+	}
+	return b.String()
 }
 
 // KubeletRootDir is the kubelet's --root-dir: the DRA plugin's registration

@@ -28,6 +28,7 @@ import (
 	"syscall"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -56,6 +57,8 @@ type Options struct {
 	PartitionConfig string
 	// Labels are the Node's labels (kubelet --node-labels).
 	Labels map[string]string
+	// Taints are the Node's taints (kubelet registerWithTaints).
+	Taints []corev1.Taint
 	// NodeIP is the kubelet's --node-ip (default: the first global IPv4
 	// address of an interface that is up).
 	NodeIP string

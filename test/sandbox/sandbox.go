@@ -27,6 +27,7 @@ import (
 	"github.com/tessera-gpu/tessera/nodeagent/nvmlbackend"
 	"github.com/tessera-gpu/tessera/nodeagent/partition"
 	"github.com/tessera-gpu/tessera/test/framework"
+	"github.com/tessera-gpu/tessera/test/realnode"
 )
 
 // Options configure a sandbox.
@@ -51,6 +52,9 @@ type Options struct {
 	Keep bool
 	// Speed divides the scenario's simulated run times (default 1).
 	Speed float64
+	// RealNode adds one real node (test/realnode: kubelet, containerd, real
+	// containers) beside the simulated ones where the machine allows it.
+	RealNode bool
 }
 
 // DefaultStateDir is where `tessera sandbox up` keeps its state, so that
@@ -79,6 +83,7 @@ type Sandbox struct {
 	nodes      []*simNode
 	scheduler  *runningScheduler
 	kubeconfig string
+	realNode   *realnode.Node
 }
 
 func (o *Options) defaults() error {
@@ -177,8 +182,9 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 	_ = os.RemoveAll(cpDir) // state of an earlier sandbox that was killed
 	s.say("starting the control plane (etcd, kube-apiserver, kube-controller-manager)")
 	s.cp, err = framework.Start(ctx, framework.Options{
-		Dir: cpDir,
-		Log: func(format string, args ...any) { s.say("  "+format, args...) },
+		Dir:                 cpDir,
+		Log:                 func(format string, args ...any) { s.say("  "+format, args...) },
+		ExtraAPIServerFlags: realnode.APIServerFlags,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("start control plane: %w", err)
@@ -207,6 +213,17 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 
 	if err := s.startNodes(ctx); err != nil {
 		return nil, err
+	}
+	if opts.RealNode {
+		s.realNode, err = realnode.StartForSandbox(ctx, realnode.SandboxOptions{NodeName: "real-node-0", Kubeconfig: s.kubeconfig,
+			Machine: "dgx" + strings.ToLower(opts.GPU), Config: s.partitionConfig(), Labels: map[string]string{partitionLabel: "mixed"}, Log: s.say})
+		if errors.Is(err, realnode.ErrUnavailable) {
+			s.say("--real-node: %v; running the simulated nodes only", err)
+		} else if err != nil {
+			return nil, fmt.Errorf("start the real node: %w", err)
+		} else {
+			s.say("  real node %s: kubelet and containerd; pods that tolerate %s=%s and use image %s run real containers", s.realNode.Name(), realnode.SandboxTaint.Key, realnode.SandboxTaint.Value, realnode.BusyboxImage)
+		}
 	}
 	s.say("starting tessera-scheduler")
 	s.scheduler, err = startScheduler(ctx, s.config)
@@ -339,6 +356,9 @@ func (s *Sandbox) Stop() error {
 		if err := n.stop(); err != nil {
 			errs = append(errs, fmt.Errorf("node %s: %w", n.name, err))
 		}
+	}
+	if err := s.realNode.Stop(); err != nil {
+		errs = append(errs, fmt.Errorf("real node: %w", err))
 	}
 	s.cp.Stop()
 	_ = os.RemoveAll(filepath.Join(s.opts.StateDir, "controlplane"))
