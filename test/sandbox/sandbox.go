@@ -240,7 +240,11 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 		return nil, fmt.Errorf("server version: %w", err)
 	}
 	s.say("")
-	s.say("tessera sandbox is up in %s: Kubernetes %s at %s, %d simulated %s nodes", time.Since(s.start).Round(100*time.Millisecond), v.GitVersion, s.config.Host, len(s.nodes), strings.ToUpper(opts.GPU))
+	real := ""
+	if s.realNode != nil {
+		real = " and 1 real node (" + s.realNode.Name() + ")"
+	}
+	s.say("tessera sandbox is up in %s: Kubernetes %s at %s, %d simulated %s nodes%s", time.Since(s.start).Round(100*time.Millisecond), v.GitVersion, s.config.Host, len(s.nodes), strings.ToUpper(opts.GPU), real)
 	s.say("")
 	s.say("  export KUBECONFIG=%s", s.kubeconfig)
 	s.say("  tessera top                      # GPUs, queues and gangs, live")
