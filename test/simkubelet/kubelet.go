@@ -374,10 +374,14 @@ func (k *Kubelet) prepare(ctx context.Context, pod *corev1.Pod) error {
 }
 
 func (k *Kubelet) plugin(ctx context.Context, driver string) (*draPlugin, error) {
-	if p := k.plugins.get(driver); p != nil {
+	if p := k.plugins.get(driver); p != nil && !k.plugins.changed() {
 		return p, nil
 	}
-	if err := k.plugins.scan(ctx); err != nil {
+	// A rescan may replace a connection: not under a call in flight.
+	k.callMu.Lock()
+	err := k.plugins.scan(ctx)
+	k.callMu.Unlock()
+	if err != nil {
 		return nil, err
 	}
 	if p := k.plugins.get(driver); p != nil {

@@ -132,6 +132,69 @@ func startPlugin(t *testing.T, ctx context.Context, client kubernetes.Interface,
 	return registry
 }
 
+// TestFollowsRollingUpdate: as the real kubelet (test/e2e/realnode
+// TestRollingUpgrade), a second instance of the driver registered during a
+// rolling update gets the new calls, and after the first one is gone it
+// unprepares the claim the first one prepared.
+func TestFollowsRollingUpdate(t *testing.T) {
+	cp := framework.Shared(t)
+	client := cp.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ns := cp.CreateNamespace(t)
+	node := framework.UniqueName("sim-node")
+	dir, err := os.MkdirTemp("", "simkubelet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	registry, pluginDir := filepath.Join(dir, "registry"), filepath.Join(dir, "plugin")
+	for _, d := range []string{registry, pluginDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := func(uid types.UID, p *recordingPlugin) *kubeletplugin.Helper {
+		h, err := kubeletplugin.Start(ctx, p,
+			kubeletplugin.DriverName(driver), kubeletplugin.KubeClient(client), kubeletplugin.NodeName(node),
+			kubeletplugin.RegistrarDirectoryPath(registry), kubeletplugin.PluginDataDirectoryPath(pluginDir),
+			kubeletplugin.RollingUpdate(uid))
+		if err != nil {
+			t.Fatalf("start plugin instance %s: %v", uid, err)
+		}
+		t.Cleanup(h.Stop)
+		return h
+	}
+	oldPlugin := &recordingPlugin{prepared: map[types.UID]int{}, unprepared: map[types.UID]int{}}
+	newPlugin := &recordingPlugin{prepared: map[types.UID]int{}, unprepared: map[types.UID]int{}}
+	oldHelper := start("uid-old", oldPlugin)
+	startKubelet(t, ctx, client, Options{NodeName: node, Client: client, RegistryDir: registry})
+	t.Cleanup(func() { _ = client.CoreV1().Nodes().Delete(context.Background(), node, metav1.DeleteOptions{}) })
+
+	first, firstClaim := runOnNode(t, ctx, client, ns, node, "first", "first-gpu")
+	waitPhase(t, ctx, client, first, corev1.PodRunning)
+	start("uid-new", newPlugin)
+	second, secondClaim := runOnNode(t, ctx, client, ns, node, "second", "second-gpu")
+	waitPhase(t, ctx, client, second, corev1.PodRunning)
+	if p, _ := newPlugin.counts(secondClaim.UID); p != 1 {
+		t.Errorf("the newer instance prepared the second claim %d times, want 1", p)
+	}
+	oldHelper.Stop()
+	if err := client.CoreV1().Pods(ns).Delete(ctx, first.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err = Wait(ctx, 30*time.Second, func(context.Context) (bool, error) {
+		_, u := newPlugin.counts(firstClaim.UID)
+		return u == 1, nil
+	})
+	if err != nil {
+		t.Fatalf("the newer instance did not unprepare the first claim")
+	}
+	if p, _ := oldPlugin.counts(firstClaim.UID); p != 1 {
+		t.Errorf("the old instance prepared the first claim %d times, want 1", p)
+	}
+}
+
 // startKubelet runs a simulated kubelet until the test ends or stop is called.
 func startKubelet(t *testing.T, ctx context.Context, client kubernetes.Interface, opts Options) (*Kubelet, func()) {
 	t.Helper()
