@@ -12,7 +12,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 E2E_PKGS  := ./test/e2e/...
 STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: all build k8s-bin operators-bin test test-unit test-e2e bench lint fmt generate demo clean
+.PHONY: all build k8s-bin operators-bin node-bin test test-unit test-e2e bench lint fmt generate demo clean
 
 all: build
 
@@ -29,15 +29,22 @@ k8s-bin:
 operators-bin:
 	hack/build-operators.sh
 
+# The binaries of a real node (kubelet, containerd, its runc shim, ctr, a
+# pause binary) from the Go module proxy; cached in bin/node. The real-node
+# tests (test/e2e/realnode) also need root and Debian's runc,
+# containernetworking-plugins and busybox-static; without them they skip.
+node-bin:
+	hack/build-node.sh
+
 # All tests: unit tests with the race detector, then the end-to-end suites.
-test: k8s-bin operators-bin
+test: k8s-bin operators-bin node-bin
 	$(MAKE) test-unit
 	$(MAKE) test-e2e
 
 test-unit: k8s-bin operators-bin
 	$(GO) test -race -count=1 -timeout 30m $$($(GO) list ./... | grep -v /test/e2e)
 
-test-e2e: k8s-bin operators-bin
+test-e2e: k8s-bin operators-bin node-bin
 	$(GO) test -count=1 -timeout 30m $(E2E_PKGS)
 
 # All benchmarks; BENCH selects some (e.g. BENCH=Solve). The end-to-end

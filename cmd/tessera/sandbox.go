@@ -69,6 +69,7 @@ against the sandbox's API server.`,
 	up.Flags().BoolVar(&opts.Keep, "keep", false, "stay up after the scenario ends")
 	up.Flags().Float64Var(&opts.Speed, "speed", 1, "divide the scenario's simulated run times by this factor")
 	up.Flags().StringVar(&ops, "operators", "", "workload operators to run, comma-separated: "+strings.Join(operators.Known(), ",")+" (trainer starts jobset too; default none)")
+	up.Flags().BoolVar(&opts.RealNode, "real-node", false, "add one real node (kubelet, containerd, real containers on mock GPUs; needs root, runc and `make node-bin`) beside the simulated ones")
 
 	down := &cobra.Command{
 		Use:   "down",

@@ -23,6 +23,7 @@ var shared struct {
 	cp      *ControlPlane
 	err     error
 	started bool
+	opts    Options // what RunWith asked for
 }
 
 // Run runs the package's tests and stops the shared control plane afterwards.
@@ -51,6 +52,15 @@ func Run(m *testing.M) int {
 	return code
 }
 
+// RunWith is Run for a package whose tests all need the shared control plane
+// started with opts (e.g. extra kube-apiserver flags).
+func RunWith(m *testing.M, opts Options) int {
+	shared.Lock()
+	shared.opts = opts
+	shared.Unlock()
+	return Run(m)
+}
+
 func stopShared() {
 	shared.Lock()
 	defer shared.Unlock()
@@ -72,7 +82,7 @@ func Shared(t testing.TB) *ControlPlane {
 		shared.started = true
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
-		shared.cp, shared.err = Start(ctx, Options{})
+		shared.cp, shared.err = Start(ctx, shared.opts)
 	}
 	if shared.err != nil {
 		t.Fatalf("start control plane: %v", shared.err)

@@ -28,6 +28,7 @@ import (
 	"github.com/tessera-gpu/tessera/nodeagent/partition"
 	"github.com/tessera-gpu/tessera/test/framework"
 	"github.com/tessera-gpu/tessera/test/operators"
+	"github.com/tessera-gpu/tessera/test/realnode"
 )
 
 // Options configure a sandbox.
@@ -55,6 +56,9 @@ type Options struct {
 	// Operators are the workload operators to run against the sandbox's API
 	// server (package test/operators names them; default none).
 	Operators []string
+	// RealNode adds one real node (test/realnode: kubelet, containerd, real
+	// containers) beside the simulated ones where the machine allows it.
+	RealNode bool
 }
 
 // DefaultStateDir is where `tessera sandbox up` keeps its state, so that
@@ -84,6 +88,7 @@ type Sandbox struct {
 	scheduler  *runningScheduler
 	operators  *operators.Set
 	kubeconfig string
+	realNode   *realnode.Node
 }
 
 func (o *Options) defaults() error {
@@ -182,8 +187,9 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 	_ = os.RemoveAll(cpDir) // state of an earlier sandbox that was killed
 	s.say("starting the control plane (etcd, kube-apiserver, kube-controller-manager)")
 	s.cp, err = framework.Start(ctx, framework.Options{
-		Dir: cpDir,
-		Log: func(format string, args ...any) { s.say("  "+format, args...) },
+		Dir:                 cpDir,
+		Log:                 func(format string, args ...any) { s.say("  "+format, args...) },
+		ExtraAPIServerFlags: realnode.APIServerFlags,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("start control plane: %w", err)
@@ -213,6 +219,17 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 	if err := s.startNodes(ctx); err != nil {
 		return nil, err
 	}
+	if opts.RealNode {
+		s.realNode, err = realnode.StartForSandbox(ctx, realnode.SandboxOptions{NodeName: "real-node-0", Kubeconfig: s.kubeconfig,
+			Machine: "dgx" + strings.ToLower(opts.GPU), Config: s.partitionConfig(), Labels: map[string]string{partitionLabel: "mixed"}, Log: s.say})
+		if errors.Is(err, realnode.ErrUnavailable) {
+			s.say("--real-node: %v; running the simulated nodes only", err)
+		} else if err != nil {
+			return nil, fmt.Errorf("start the real node: %w", err)
+		} else {
+			s.say("  real node %s: kubelet and containerd; pods that tolerate %s=%s and use image %s run real containers", s.realNode.Name(), realnode.SandboxTaint.Key, realnode.SandboxTaint.Value, realnode.BusyboxImage)
+		}
+	}
 	s.say("starting tessera-scheduler")
 	s.scheduler, err = startScheduler(ctx, s.config)
 	if err != nil {
@@ -238,7 +255,11 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 		return nil, fmt.Errorf("server version: %w", err)
 	}
 	s.say("")
-	s.say("tessera sandbox is up in %s: Kubernetes %s at %s, %d simulated %s nodes", time.Since(s.start).Round(100*time.Millisecond), v.GitVersion, s.config.Host, len(s.nodes), strings.ToUpper(opts.GPU))
+	real := ""
+	if s.realNode != nil {
+		real = " and 1 real node (" + s.realNode.Name() + ")"
+	}
+	s.say("tessera sandbox is up in %s: Kubernetes %s at %s, %d simulated %s nodes%s", time.Since(s.start).Round(100*time.Millisecond), v.GitVersion, s.config.Host, len(s.nodes), strings.ToUpper(opts.GPU), real)
 	s.say("")
 	s.say("  export KUBECONFIG=%s", s.kubeconfig)
 	s.say("  tessera top                      # GPUs, queues and gangs, live")
@@ -363,6 +384,9 @@ func (s *Sandbox) Stop() error {
 		if err := n.stop(); err != nil {
 			errs = append(errs, fmt.Errorf("node %s: %w", n.name, err))
 		}
+	}
+	if err := s.realNode.Stop(); err != nil {
+		errs = append(errs, fmt.Errorf("real node: %w", err))
 	}
 	s.cp.Stop()
 	_ = os.RemoveAll(filepath.Join(s.opts.StateDir, "controlplane"))

@@ -1,10 +1,13 @@
-// Package simkubelet is a simulated kubelet for tests and the sandbox. For each
-// pod bound to its node it does what the real kubelet does with DRA: it calls
-// NodePrepareResources on the driver's plugin over the plugin's real
-// registration and DRA gRPC sockets, marks the pod Running (or Failed with the
-// plugin's error), completes it after the duration in the annotation
-// tessera.dev/sim-duration, and calls NodeUnprepareResources once the pod has
-// terminated or is deleted. It runs no containers.
+// Package simkubelet is a simulated kubelet for tests, benchmarks and the
+// sandbox. For each pod bound to its node it does what the real kubelet does
+// with DRA: it calls NodePrepareResources on the driver's plugin over the
+// plugin's real registration and DRA gRPC sockets, marks the pod Running,
+// completes it after the duration in the annotation tessera.dev/sim-duration,
+// and calls NodeUnprepareResources once the pod has terminated or is deleted;
+// the deletion of the pod object waits for that. A prepare that fails leaves
+// the pod Pending with the kubelet's FailedPrepareDynamicResources event and
+// is retried. It runs no containers. docs/testing.md lists what it does
+// differently from the real kubelet (test/e2e/realnode runs that one).
 package simkubelet
 
 import (
@@ -35,6 +38,9 @@ import (
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 )
 
+// EventFailedPrepare is the pod event of a failed prepare, as the kubelet names it.
+const EventFailedPrepare = "FailedPrepareDynamicResources"
+
 const (
 	// AnnotationDuration makes a pod succeed this long after it started
 	// (a Go duration, e.g. "90s"); without it the pod runs until deleted.
@@ -56,6 +62,11 @@ type Options struct {
 	// CPU, Memory and Pods are the node's capacity (defaults: 128 CPUs, 1Ti, 256 pods).
 	CPU, Memory resource.Quantity
 	Pods        int64
+	// StateFile, when set, is where the kubelet keeps which claims it
+	// prepared for which pods, as the real kubelet keeps its DRA checkpoint
+	// (dra_manager_state): a simulated kubelet restarted on the same file
+	// does not prepare the claims of running pods again.
+	StateFile string
 }
 
 // Kubelet is a running simulated kubelet.
@@ -110,6 +121,9 @@ func (k *Kubelet) Ledger() *Ledger { return k.log }
 func (k *Kubelet) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx).WithValues("node", k.opts.NodeName)
 	ctx = klog.NewContext(ctx, logger)
+	if err := k.loadState(); err != nil {
+		return err
+	}
 	if err := k.registerNode(ctx); err != nil {
 		return err
 	}
@@ -265,20 +279,18 @@ func (k *Kubelet) sync(ctx context.Context, key string) (time.Duration, error) {
 		return 0, k.unprepare(ctx, pod)
 	case pod.Status.Phase == corev1.PodRunning:
 		if !k.isPrepared(pod.UID) {
-			// After a restart of this kubelet: prepare again, as the real
-			// kubelet does; plugins treat it as a no-op.
-			if _, err := k.prepare(ctx, pod); err != nil {
+			// Restarted without a StateFile: the real kubelet would know
+			// from its checkpoint; prepare again (plugins treat it as a no-op).
+			if err := k.prepare(ctx, pod); err != nil {
 				return 0, err
 			}
 		}
 		return k.maybeComplete(ctx, pod)
 	default: // Pending and bound to this node
-		failure, err := k.prepare(ctx, pod)
-		if err != nil {
+		// As the real kubelet: a prepare that fails leaves the pod Pending
+		// (it never gets a sandbox) and is retried.
+		if err := k.prepare(ctx, pod); err != nil {
 			return 0, err
-		}
-		if failure != "" {
-			return 0, k.setPhase(ctx, pod, corev1.PodFailed, "DevicePrepareFailed", failure, 1)
 		}
 		if err := k.setRunning(ctx, pod); err != nil {
 			return 0, err
@@ -288,30 +300,31 @@ func (k *Kubelet) sync(ctx context.Context, key string) (time.Duration, error) {
 }
 
 // prepare calls NodePrepareResources for every claim of the pod, grouped by
-// driver. A non-empty failure is the plugin's error for a claim: the pod fails
-// with it. An error means try again (claim not there yet, plugin not
-// registered, transport error).
-func (k *Kubelet) prepare(ctx context.Context, pod *corev1.Pod) (failure string, err error) {
+// driver. An error means try again: the claim is not allocated and reserved
+// yet, the driver is not registered, the call failed, or the plugin failed a
+// claim; the last three are the pod's FailedPrepareDynamicResources event,
+// with the real kubelet's wording.
+func (k *Kubelet) prepare(ctx context.Context, pod *corev1.Pod) error {
 	byDriver := map[string][]*drapb.Claim{}
 	for i := range pod.Spec.ResourceClaims {
 		name, mustCheckOwner, err := resourceclaim.Name(pod, &pod.Spec.ResourceClaims[i])
 		if err != nil {
-			return "", fmt.Errorf("claim %s of pod: %w", pod.Spec.ResourceClaims[i].Name, err)
+			return fmt.Errorf("claim %s of pod: %w", pod.Spec.ResourceClaims[i].Name, err)
 		}
 		if name == nil {
 			continue // the pod does not need this claim
 		}
 		claim, err := k.opts.Client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, *name, metav1.GetOptions{})
 		if err != nil {
-			return "", fmt.Errorf("get claim %s: %w", *name, err)
+			return fmt.Errorf("get claim %s: %w", *name, err)
 		}
 		if mustCheckOwner {
 			if err := resourceclaim.IsForPod(pod, claim, false); err != nil {
-				return "", err
+				return err
 			}
 		}
 		if claim.Status.Allocation == nil || !reservedFor(claim, pod.UID) {
-			return "", fmt.Errorf("claim %s is not allocated and reserved for the pod yet", *name)
+			return fmt.Errorf("claim %s is not allocated and reserved for the pod yet", *name)
 		}
 		drivers := map[string]bool{}
 		for _, r := range claim.Status.Allocation.Devices.Results {
@@ -321,11 +334,14 @@ func (k *Kubelet) prepare(ctx context.Context, pod *corev1.Pod) (failure string,
 			byDriver[d] = append(byDriver[d], &drapb.Claim{Namespace: claim.Namespace, Name: claim.Name, Uid: string(claim.UID)})
 		}
 	}
+	failed := func(err error) error {
+		k.recorder.Eventf(pod, corev1.EventTypeWarning, EventFailedPrepare, "Failed to prepare dynamic resources: prepare dynamic resources: %v", err)
+		return err
+	}
 	for driver, claims := range byDriver {
 		plugin, err := k.plugin(ctx, driver)
 		if err != nil {
-			k.recorder.Eventf(pod, corev1.EventTypeWarning, "DRAPluginNotRegistered", "%v", err)
-			return "", err
+			return failed(err)
 		}
 		k.callMu.Lock()
 		resp, err := plugin.client.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: claims})
@@ -338,41 +354,40 @@ func (k *Kubelet) prepare(ctx context.Context, pod *corev1.Pod) (failure string,
 		}
 		k.callMu.Unlock()
 		if err != nil {
-			return "", fmt.Errorf("NodePrepareResources on %s: %w", driver, err)
+			return failed(fmt.Errorf("NodePrepareResources failed for driver %s: %w", driver, err))
 		}
 		for _, c := range claims {
 			r := resp.Claims[c.Uid]
 			if r == nil {
-				return "", fmt.Errorf("driver %s returned no result for claim %s", driver, c.Name)
+				return failed(fmt.Errorf("NodePrepareResources skipped 1 ResourceClaim"))
 			}
 			if r.Error != "" {
-				k.recorder.Eventf(pod, corev1.EventTypeWarning, "FailedPrepareDynamicResources", "claim %s: %s", c.Name, r.Error)
-				return fmt.Sprintf("prepare claim %s with %s: %s", c.Name, driver, r.Error), nil
+				return failed(fmt.Errorf("NodePrepareResources failed for ResourceClaim %s: %s", c.Name, r.Error))
 			}
-			var ids []string
-			for _, d := range r.Devices {
-				ids = append(ids, d.CdiDeviceIds...)
-			}
-			k.recorder.Eventf(pod, corev1.EventTypeNormal, "DevicesPrepared", "claim %s: %v", c.Name, ids)
 		}
 	}
 	k.mu.Lock()
 	k.state[pod.UID] = &podState{prepared: true, claims: byDriver}
 	k.mu.Unlock()
-	return "", nil
+	k.saveState(ctx)
+	return nil
 }
 
 func (k *Kubelet) plugin(ctx context.Context, driver string) (*draPlugin, error) {
-	if p := k.plugins.get(driver); p != nil {
+	if p := k.plugins.get(driver); p != nil && !k.plugins.changed() {
 		return p, nil
 	}
-	if err := k.plugins.scan(ctx); err != nil {
+	// A rescan may replace a connection: not under a call in flight.
+	k.callMu.Lock()
+	err := k.plugins.scan(ctx)
+	k.callMu.Unlock()
+	if err != nil {
 		return nil, err
 	}
 	if p := k.plugins.get(driver); p != nil {
 		return p, nil
 	}
-	return nil, fmt.Errorf("DRA driver %s is not registered on node %s", driver, k.opts.NodeName)
+	return nil, fmt.Errorf("DRA driver %s is not registered", driver)
 }
 
 // unprepare calls NodeUnprepareResources once for a pod that was prepared.
@@ -410,6 +425,7 @@ func (k *Kubelet) unprepare(ctx context.Context, pod *corev1.Pod) error {
 	k.mu.Lock()
 	st.done = true
 	k.mu.Unlock()
+	k.saveState(ctx)
 	return nil
 }
 
@@ -422,6 +438,7 @@ func (k *Kubelet) forget(ctx context.Context, pod *corev1.Pod) {
 	k.mu.Lock()
 	delete(k.state, pod.UID)
 	k.mu.Unlock()
+	k.saveState(ctx)
 }
 
 func (k *Kubelet) isPrepared(uid types.UID) bool {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -31,7 +30,20 @@ type recordingPlugin struct {
 	mu         sync.Mutex
 	prepared   map[types.UID]int
 	unprepared map[types.UID]int
-	failClaim  string // prepare of a claim with this name fails
+	attempts   map[types.UID]int // prepare calls, failed ones included
+	failClaim  string            // prepare of a claim with this name fails
+}
+
+func (p *recordingPlugin) setFailClaim(name string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.failClaim = name
+}
+
+func (p *recordingPlugin) attemptsOf(uid types.UID) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.attempts[uid]
 }
 
 func (p *recordingPlugin) PrepareResourceClaims(_ context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
@@ -39,6 +51,9 @@ func (p *recordingPlugin) PrepareResourceClaims(_ context.Context, claims []*res
 	defer p.mu.Unlock()
 	out := map[types.UID]kubeletplugin.PrepareResult{}
 	for _, c := range claims {
+		if p.attempts != nil {
+			p.attempts[c.UID]++
+		}
 		if c.Name == p.failClaim {
 			out[c.UID] = kubeletplugin.PrepareResult{Err: errors.New("device gpu-0 is broken")}
 			continue
@@ -85,6 +100,16 @@ const driver = "sim.test.tessera.dev"
 
 func startNode(t *testing.T, ctx context.Context, client kubernetes.Interface, node string, plugin *recordingPlugin) *Kubelet {
 	t.Helper()
+	registry := startPlugin(t, ctx, client, node, plugin)
+	k, _ := startKubelet(t, ctx, client, Options{NodeName: node, Client: client, RegistryDir: registry})
+	t.Cleanup(func() { _ = client.CoreV1().Nodes().Delete(context.Background(), node, metav1.DeleteOptions{}) })
+	return k
+}
+
+// startPlugin serves plugin through the upstream helper and returns its
+// registry directory.
+func startPlugin(t *testing.T, ctx context.Context, client kubernetes.Interface, node string, plugin *recordingPlugin) string {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "simkubelet") // short: unix socket paths are limited to 108 bytes
 	if err != nil {
 		t.Fatal(err)
@@ -104,18 +129,90 @@ func startNode(t *testing.T, ctx context.Context, client kubernetes.Interface, n
 		t.Fatalf("start test DRA plugin: %v", err)
 	}
 	t.Cleanup(helper.Stop)
-	k := New(Options{NodeName: node, Client: client, RegistryDir: registry})
+	return registry
+}
+
+// TestFollowsRollingUpdate: as the real kubelet (test/e2e/realnode
+// TestRollingUpgrade), a second instance of the driver registered during a
+// rolling update gets the new calls, and after the first one is gone it
+// unprepares the claim the first one prepared.
+func TestFollowsRollingUpdate(t *testing.T) {
+	cp := framework.Shared(t)
+	client := cp.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ns := cp.CreateNamespace(t)
+	node := framework.UniqueName("sim-node")
+	dir, err := os.MkdirTemp("", "simkubelet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	registry, pluginDir := filepath.Join(dir, "registry"), filepath.Join(dir, "plugin")
+	for _, d := range []string{registry, pluginDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := func(uid types.UID, p *recordingPlugin) *kubeletplugin.Helper {
+		h, err := kubeletplugin.Start(ctx, p,
+			kubeletplugin.DriverName(driver), kubeletplugin.KubeClient(client), kubeletplugin.NodeName(node),
+			kubeletplugin.RegistrarDirectoryPath(registry), kubeletplugin.PluginDataDirectoryPath(pluginDir),
+			kubeletplugin.RollingUpdate(uid))
+		if err != nil {
+			t.Fatalf("start plugin instance %s: %v", uid, err)
+		}
+		t.Cleanup(h.Stop)
+		return h
+	}
+	oldPlugin := &recordingPlugin{prepared: map[types.UID]int{}, unprepared: map[types.UID]int{}}
+	newPlugin := &recordingPlugin{prepared: map[types.UID]int{}, unprepared: map[types.UID]int{}}
+	oldHelper := start("uid-old", oldPlugin)
+	startKubelet(t, ctx, client, Options{NodeName: node, Client: client, RegistryDir: registry})
+	t.Cleanup(func() { _ = client.CoreV1().Nodes().Delete(context.Background(), node, metav1.DeleteOptions{}) })
+
+	first, firstClaim := runOnNode(t, ctx, client, ns, node, "first", "first-gpu")
+	waitPhase(t, ctx, client, first, corev1.PodRunning)
+	start("uid-new", newPlugin)
+	second, secondClaim := runOnNode(t, ctx, client, ns, node, "second", "second-gpu")
+	waitPhase(t, ctx, client, second, corev1.PodRunning)
+	if p, _ := newPlugin.counts(secondClaim.UID); p != 1 {
+		t.Errorf("the newer instance prepared the second claim %d times, want 1", p)
+	}
+	oldHelper.Stop()
+	if err := client.CoreV1().Pods(ns).Delete(ctx, first.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err = Wait(ctx, 30*time.Second, func(context.Context) (bool, error) {
+		_, u := newPlugin.counts(firstClaim.UID)
+		return u == 1, nil
+	})
+	if err != nil {
+		t.Fatalf("the newer instance did not unprepare the first claim")
+	}
+	if p, _ := oldPlugin.counts(firstClaim.UID); p != 1 {
+		t.Errorf("the old instance prepared the first claim %d times, want 1", p)
+	}
+}
+
+// startKubelet runs a simulated kubelet until the test ends or stop is called.
+func startKubelet(t *testing.T, ctx context.Context, client kubernetes.Interface, opts Options) (*Kubelet, func()) {
+	t.Helper()
+	k := New(opts)
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- k.Run(runCtx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("kubelet Run: %v", err)
-		}
-		_ = client.CoreV1().Nodes().Delete(context.Background(), node, metav1.DeleteOptions{})
-	})
-	return k
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("kubelet Run: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return k, stop
 }
 
 // allocatedClaim creates a claim and writes an allocation reserved for podUID,
@@ -237,21 +334,48 @@ func TestPrepareRunCompleteUnprepare(t *testing.T) {
 	}
 }
 
-func TestPluginErrorFailsPodAndDeletionUnprepares(t *testing.T) {
+// TestPluginErrorKeepsPodPendingAndDeletionUnprepares: as the real kubelet
+// (test/e2e/realnode TestPrepareErrorRetried), a failed prepare leaves the pod
+// Pending with a FailedPrepareDynamicResources event carrying the plugin's
+// error, and is retried until it succeeds; a graceful deletion completes
+// after the claim is unprepared.
+func TestPluginErrorKeepsPodPendingAndDeletionUnprepares(t *testing.T) {
 	cp := framework.Shared(t)
 	client := cp.Client(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	ns := cp.CreateNamespace(t)
 	node := framework.UniqueName("sim-node")
-	plugin := &recordingPlugin{prepared: map[types.UID]int{}, unprepared: map[types.UID]int{}, failClaim: "bad-gpu"}
+	plugin := &recordingPlugin{prepared: map[types.UID]int{}, unprepared: map[types.UID]int{}, attempts: map[types.UID]int{}, failClaim: "bad-gpu"}
 	startNode(t, ctx, client, node, plugin)
 
-	badPod, _ := runOnNode(t, ctx, client, ns, node, "bad", "bad-gpu")
-	failed := waitPhase(t, ctx, client, badPod, corev1.PodFailed)
-	if want := "device gpu-0 is broken"; !strings.Contains(failed.Status.Message, want) {
-		t.Errorf("failed pod message %q does not carry the plugin's error %q", failed.Status.Message, want)
+	badPod, bad := runOnNode(t, ctx, client, ns, node, "bad", "bad-gpu")
+	var events []string
+	err := Wait(ctx, 30*time.Second, func(ctx context.Context) (bool, error) {
+		list, err := client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.uid=" + string(badPod.UID)})
+		if err != nil {
+			return false, err
+		}
+		events = nil
+		for _, ev := range list.Items {
+			if ev.Reason == EventFailedPrepare {
+				events = append(events, ev.Message)
+			}
+		}
+		return len(events) > 0 && plugin.attemptsOf(bad.UID) >= 3, nil
+	})
+	if err != nil {
+		t.Fatalf("no retried prepare with a %s event (attempts %d, events %q): %v", EventFailedPrepare, plugin.attemptsOf(bad.UID), events, err)
 	}
+	want := "Failed to prepare dynamic resources: prepare dynamic resources: NodePrepareResources failed for ResourceClaim bad-gpu: device gpu-0 is broken"
+	if events[0] != want {
+		t.Errorf("event %q, want the kubelet's %q", events[0], want)
+	}
+	if p, err := client.CoreV1().Pods(ns).Get(ctx, badPod.Name, metav1.GetOptions{}); err != nil || p.Status.Phase != corev1.PodPending {
+		t.Errorf("pod after failed prepares: %v %v, want Pending", p.Status.Phase, err)
+	}
+	plugin.setFailClaim("")
+	waitPhase(t, ctx, client, badPod, corev1.PodRunning)
 
 	goodPod, good := runOnNode(t, ctx, client, ns, node, "forever", "good-gpu")
 	waitPhase(t, ctx, client, goodPod, corev1.PodRunning)
@@ -259,7 +383,7 @@ func TestPluginErrorFailsPodAndDeletionUnprepares(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A graceful deletion completes only when the kubelet confirms it.
-	err := Wait(ctx, 30*time.Second, func(ctx context.Context) (bool, error) {
+	err = Wait(ctx, 30*time.Second, func(ctx context.Context) (bool, error) {
 		_, err := client.CoreV1().Pods(ns).Get(ctx, goodPod.Name, metav1.GetOptions{})
 		return apierrors.IsNotFound(err), nil
 	})
@@ -268,6 +392,48 @@ func TestPluginErrorFailsPodAndDeletionUnprepares(t *testing.T) {
 	}
 	if p, u := plugin.counts(good.UID); p != 1 || u != 1 {
 		t.Errorf("deleted pod's claim: %d prepares and %d unprepares, want 1 and 1", p, u)
+	}
+}
+
+// TestRestartWithStateFile: as the real kubelet with its DRA checkpoint
+// (test/e2e/realnode TestKubeletRestart), a simulated kubelet restarted on
+// its StateFile does not prepare a running pod's claim again, and unprepares
+// it when the pod is deleted.
+func TestRestartWithStateFile(t *testing.T) {
+	cp := framework.Shared(t)
+	client := cp.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ns := cp.CreateNamespace(t)
+	node := framework.UniqueName("sim-node")
+	plugin := &recordingPlugin{prepared: map[types.UID]int{}, unprepared: map[types.UID]int{}, attempts: map[types.UID]int{}}
+	registry := startPlugin(t, ctx, client, node, plugin)
+	opts := Options{NodeName: node, Client: client, RegistryDir: registry, StateFile: filepath.Join(t.TempDir(), "dra_state.json")}
+	t.Cleanup(func() { _ = client.CoreV1().Nodes().Delete(context.Background(), node, metav1.DeleteOptions{}) })
+	_, stop := startKubelet(t, ctx, client, opts)
+
+	pod, claim := runOnNode(t, ctx, client, ns, node, "long", "long-gpu")
+	waitPhase(t, ctx, client, pod, corev1.PodRunning)
+	stop()
+	restarted, _ := startKubelet(t, ctx, client, opts)
+	// Touch the pod so that the restarted kubelet syncs it for sure.
+	patch := []byte(`{"metadata":{"labels":{"touched":"yes"}}}`)
+	if _, err := client.CoreV1().Pods(ns).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	if n := plugin.attemptsOf(claim.UID); n != 1 {
+		t.Errorf("prepare calls after the restart: %d, want 1 (no second prepare)", n)
+	}
+	if err := client.CoreV1().Pods(ns).Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err := Wait(ctx, 30*time.Second, func(context.Context) (bool, error) {
+		_, u := plugin.counts(claim.UID)
+		return u == 1, nil
+	})
+	if err != nil {
+		t.Fatalf("claim not unprepared by the restarted kubelet (ledger %+v)", restarted.Ledger().Calls())
 	}
 }
 

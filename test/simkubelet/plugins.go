@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -18,6 +19,7 @@ import (
 // the kubelet's plugin watcher would see it.
 type draPlugin struct {
 	driver string
+	socket string // its registration socket
 	conn   *grpc.ClientConn
 	client drapb.DRAPluginClient
 }
@@ -35,6 +37,20 @@ type pluginRegistry struct {
 	mu      sync.Mutex
 	plugins map[string]*draPlugin // by driver name
 	seen    map[string]bool       // registration sockets already handled
+	scanned time.Time             // modification time of the directory at the last scan
+}
+
+// changed reports whether sockets were added to or removed from the
+// directory since the last scan (its modification time moved), as the
+// kubelet's plugin watcher would have seen.
+func (r *pluginRegistry) changed() bool {
+	fi, err := os.Stat(r.dir)
+	if err != nil {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return !fi.ModTime().Equal(r.scanned)
 }
 
 func newPluginRegistry(dir string) *pluginRegistry {
@@ -43,10 +59,17 @@ func newPluginRegistry(dir string) *pluginRegistry {
 
 // scan registers every socket in the registry directory not seen before: it
 // calls GetInfo, connects to the advertised DRA endpoint, and reports the
-// registration status back, as the kubelet does.
+// registration status back, as the kubelet does. A newer registration of a
+// driver (a rolling update) replaces the older one; a driver whose socket is
+// gone is forgotten.
 func (r *pluginRegistry) scan(ctx context.Context) error {
 	r.scanMu.Lock()
 	defer r.scanMu.Unlock()
+	if fi, err := os.Stat(r.dir); err == nil {
+		r.mu.Lock()
+		r.scanned = fi.ModTime()
+		r.mu.Unlock()
+	}
 	entries, err := os.ReadDir(r.dir)
 	if err != nil {
 		if os.IsNotExist(err) {
@@ -54,6 +77,23 @@ func (r *pluginRegistry) scan(ctx context.Context) error {
 		}
 		return fmt.Errorf("read plugin registry %s: %w", r.dir, err)
 	}
+	present := map[string]bool{}
+	for _, e := range entries {
+		present[filepath.Join(r.dir, e.Name())] = true
+	}
+	r.mu.Lock()
+	for socket := range r.seen {
+		if !present[socket] {
+			delete(r.seen, socket)
+		}
+	}
+	for driver, p := range r.plugins {
+		if !present[p.socket] {
+			_ = p.conn.Close()
+			delete(r.plugins, driver)
+		}
+	}
+	r.mu.Unlock()
 	for _, e := range entries {
 		if e.Type()&os.ModeSocket == 0 || strings.HasPrefix(e.Name(), ".") {
 			continue
@@ -112,7 +152,7 @@ func (r *pluginRegistry) register(ctx context.Context, socket string) error {
 		// A newer instance of the driver (rolling update) replaces the old one.
 		_ = old.conn.Close()
 	}
-	r.plugins[info.Name] = &draPlugin{driver: info.Name, conn: conn, client: drapb.NewDRAPluginClient(conn)}
+	r.plugins[info.Name] = &draPlugin{driver: info.Name, socket: socket, conn: conn, client: drapb.NewDRAPluginClient(conn)}
 	r.seen[socket] = true
 	return nil
 }
