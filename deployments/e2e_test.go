@@ -14,7 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/tessera-gpu/tessera/test/framework"
-	"github.com/tessera-gpu/tessera/test/simkubelet"
+	"github.com/tessera-gpu/tessera/sandbox/simkubelet"
 )
 
 // TestChartEndToEnd installs what the chart installs (access control,

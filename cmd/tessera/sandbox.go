@@ -13,7 +13,7 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/klog/v2"
 
-	"github.com/tessera-gpu/tessera/test/sandbox"
+	"github.com/tessera-gpu/tessera/sandbox"
 )
 
 func newSandboxCommand() *cobra.Command {

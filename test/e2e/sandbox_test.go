@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tessera-gpu/tessera/sandbox"
 	"github.com/tessera-gpu/tessera/test/framework"
-	"github.com/tessera-gpu/tessera/test/sandbox"
 )
 
 // TestSandboxDemoScenario runs the demo of `make demo` with run times cut

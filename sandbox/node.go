@@ -16,7 +16,7 @@ import (
 	"github.com/tessera-gpu/tessera/nodeagent/agent"
 	"github.com/tessera-gpu/tessera/nodeagent/nvmlbackend"
 	"github.com/tessera-gpu/tessera/nodeagent/partition"
-	"github.com/tessera-gpu/tessera/test/simkubelet"
+	"github.com/tessera-gpu/tessera/sandbox/simkubelet"
 
 	"github.com/tessera-gpu/tessera/contract"
 )

@@ -1,5 +1,5 @@
 // Package sandbox runs a local tessera cluster: the real control plane from
-// test/framework (etcd, kube-apiserver, kube-controller-manager), simulated GPU
+// sandbox/cluster (etcd, kube-apiserver, kube-controller-manager), simulated GPU
 // nodes — each a simulated kubelet plus tessera-node's agent and kubelet DRA
 // plugin on a mock NVML backend, over real sockets — and tessera-scheduler,
 // with the CRDs, DeviceClasses and example queues installed. `tessera sandbox
@@ -26,7 +26,7 @@ import (
 	"github.com/tessera-gpu/tessera/deployments/deviceclasses"
 	"github.com/tessera-gpu/tessera/nodeagent/nvmlbackend"
 	"github.com/tessera-gpu/tessera/nodeagent/partition"
-	"github.com/tessera-gpu/tessera/test/framework"
+	"github.com/tessera-gpu/tessera/sandbox/cluster"
 )
 
 // Options configure a sandbox.
@@ -73,7 +73,7 @@ type Sandbox struct {
 	opts       Options
 	out        io.Writer
 	start      time.Time
-	cp         *framework.ControlPlane
+	cp         *cluster.ControlPlane
 	client     kubernetes.Interface
 	config     *rest.Config
 	nodes      []*simNode
@@ -176,7 +176,7 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 	cpDir := filepath.Join(opts.StateDir, "controlplane")
 	_ = os.RemoveAll(cpDir) // state of an earlier sandbox that was killed
 	s.say("starting the control plane (etcd, kube-apiserver, kube-controller-manager)")
-	s.cp, err = framework.Start(ctx, framework.Options{
+	s.cp, err = cluster.Start(ctx, cluster.Options{
 		Dir: cpDir,
 		Log: func(format string, args ...any) { s.say("  "+format, args...) },
 	})
@@ -185,7 +185,7 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 	}
 	s.config = s.cp.Config
 	s.kubeconfig = filepath.Join(opts.StateDir, "kubeconfig")
-	if err := framework.WriteKubeconfig(s.config, s.kubeconfig); err != nil {
+	if err := cluster.WriteKubeconfig(s.config, s.kubeconfig); err != nil {
 		return nil, err
 	}
 	s.client, err = kubernetes.NewForConfig(s.config)

@@ -1,11 +1,11 @@
-// Package framework starts a real Kubernetes control plane — etcd,
+// Package cluster starts a real Kubernetes control plane — etcd,
 // kube-apiserver and kube-controller-manager built from the Go module proxy by
 // hack/build-k8s.sh — on loopback, for tests, benchmarks and the sandbox.
 //
 // It is written here rather than taken from controller-runtime's envtest because
 // envtest starts no kube-controller-manager, and the tests need the real
 // resourceclaim, job, replicaset and garbage-collector controllers.
-package framework
+package cluster
 
 import (
 	"context"
@@ -14,7 +14,6 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/pem"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -31,7 +30,7 @@ import (
 	certutil "k8s.io/client-go/util/cert"
 )
 
-// DefaultControllers are the kube-controller-manager controllers the framework
+// DefaultControllers are the kube-controller-manager controllers the control plane
 // runs. The node lifecycle controller is left out on purpose: simulated nodes
 // have no kubelet heartbeat and would be tainted and evicted.
 var DefaultControllers = []string{
@@ -52,7 +51,7 @@ var DefaultControllers = []string{
 }
 
 // FeatureGates are the kube-apiserver and kube-controller-manager feature gates
-// the framework turns on: the DRA features of v1.37 beyond the GA core
+// the control plane turns on: the DRA features of v1.37 beyond the GA core
 // (prioritized lists, device taints and admin access are GA and need no gate).
 // Beta gates that are on by default are named anyway, so that a test run
 // against another release shows a clear "unknown feature gate" error instead
@@ -308,6 +307,16 @@ func (cp *ControlPlane) waitReady(ctx context.Context, client kubernetes.Interfa
 	return fmt.Errorf("kube-apiserver not ready after 90s (last error: %v); last log lines:\n%s", lastErr, cp.apiserver.logTail(30))
 }
 
+// WaitDefaultServiceAccount waits until the controllers have created the
+// namespace's default service account (pods need it). Without a
+// kube-controller-manager nothing creates it, and it returns at once.
+func (cp *ControlPlane) WaitDefaultServiceAccount(ctx context.Context, client kubernetes.Interface, namespace string) error {
+	if cp.kcm == nil {
+		return nil
+	}
+	return cp.waitDefaultServiceAccount(ctx, client, namespace)
+}
+
 func (cp *ControlPlane) waitDefaultServiceAccount(ctx context.Context, client kubernetes.Interface, namespace string) error {
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
@@ -407,5 +416,3 @@ func freePorts(n int) ([]int, error) {
 	}
 	return ports, nil
 }
-
-var errNoRun = errors.New("framework.Shared needs framework.Run in the package's TestMain")
