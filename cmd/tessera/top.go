@@ -14,13 +14,13 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/tessera-gpu/tessera/cmd/internal/kubeconfig"
 	"github.com/tessera-gpu/tessera/controlplane/overview"
 )
 
-// kubeFlags resolves a client config the way kubectl does: --kubeconfig, then
-// $KUBECONFIG, then ~/.kube/config, then in-cluster.
+// kubeFlags are --kubeconfig and --context, resolved as every tessera binary
+// does (cmd/internal/kubeconfig: as kubectl does).
 type kubeFlags struct {
 	kubeconfig string
 	context    string
@@ -32,14 +32,11 @@ func (k *kubeFlags) register(cmd *cobra.Command) {
 }
 
 func (k *kubeFlags) config() (*rest.Config, error) {
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = k.kubeconfig
-	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: k.context}).ClientConfig()
-	if err != nil {
-		return nil, fmt.Errorf("kubeconfig: %w", err)
-	}
-	return cfg, nil
+	return kubeconfig.Load(kubeconfig.Options{Path: k.kubeconfig, Context: k.context, UserAgent: userAgent})
 }
+
+// userAgent names the CLI in the API server's audit log and metrics.
+const userAgent = "tessera"
 
 func newTopCommand() *cobra.Command {
 	var (
