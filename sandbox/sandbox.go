@@ -27,6 +27,7 @@ import (
 	"github.com/tessera-gpu/tessera/nodeagent/nvmlbackend"
 	"github.com/tessera-gpu/tessera/nodeagent/partition"
 	"github.com/tessera-gpu/tessera/sandbox/cluster"
+	"github.com/tessera-gpu/tessera/sandbox/k8sbin"
 )
 
 // Options configure a sandbox.
@@ -51,6 +52,10 @@ type Options struct {
 	Keep bool
 	// Speed divides the scenario's simulated run times (default 1).
 	Speed float64
+	// BinDir holds the Kubernetes binaries; default: k8sbin's cache, where
+	// Start builds whichever of etcd, kube-apiserver,
+	// kube-controller-manager and kubectl is missing.
+	BinDir string
 }
 
 // DefaultStateDir is where `tessera sandbox up` keeps its state, so that
@@ -173,18 +178,26 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 		}
 	}()
 	s = sb
+	if opts.BinDir == "" {
+		opts.BinDir, err = k8sbin.Ensure(ctx, k8sbin.Options{Out: s.out}, k8sbin.Sandbox...)
+		if err != nil {
+			return nil, err
+		}
+		s.opts.BinDir = opts.BinDir
+	}
 	cpDir := filepath.Join(opts.StateDir, "controlplane")
 	_ = os.RemoveAll(cpDir) // state of an earlier sandbox that was killed
 	s.say("starting the control plane (etcd, kube-apiserver, kube-controller-manager)")
 	s.cp, err = cluster.Start(ctx, cluster.Options{
-		Dir: cpDir,
-		Log: func(format string, args ...any) { s.say("  "+format, args...) },
+		Dir:    cpDir,
+		BinDir: opts.BinDir,
+		Log:    func(format string, args ...any) { s.say("  "+format, args...) },
 	})
 	if err != nil {
 		return nil, fmt.Errorf("start control plane: %w", err)
 	}
 	s.config = s.cp.Config
-	s.kubeconfig = filepath.Join(opts.StateDir, "kubeconfig")
+	s.kubeconfig = KubeconfigPath(opts.StateDir)
 	if err := cluster.WriteKubeconfig(s.config, s.kubeconfig); err != nil {
 		return nil, err
 	}
@@ -226,8 +239,14 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 	s.say("tessera sandbox is up in %s: Kubernetes %s at %s, %d simulated %s nodes", time.Since(s.start).Round(100*time.Millisecond), v.GitVersion, s.config.Host, len(s.nodes), strings.ToUpper(opts.GPU))
 	s.say("")
 	s.say("  export KUBECONFIG=%s", s.kubeconfig)
-	s.say("  tessera top                      # GPUs, queues and gangs, live")
-	s.say("  tessera get gangs -o json        # for scripts; any kubectl v1.34+ works too")
+	s.say("  tessera top                        # GPUs, queues and gangs, live")
+	s.say("  tessera top --web :8080            # the same in a browser")
+	s.say("  tessera get gangs -o json          # for scripts")
+	kubectl := "kubectl " + k8sbin.KubernetesVersion()
+	if path := filepath.Join(opts.BinDir, k8sbin.Kubectl.Name); fileExists(path) {
+		kubectl = path
+	}
+	s.say("  tessera sandbox kubectl get nodes  # %s with this kubeconfig", kubectl)
 	s.say("")
 	return s, nil
 }
@@ -321,6 +340,18 @@ func (s *Sandbox) partitionConfig() *partition.Config {
 		NodeConfig:   partition.NodeConfig{GPUs: rules},
 	}}}
 }
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// Kubeconfig is the path of the sandbox's kubeconfig file.
+func (s *Sandbox) Kubeconfig() string { return s.kubeconfig }
+
+// KubeconfigPath is where a sandbox with this state directory writes its
+// kubeconfig while it runs.
+func KubeconfigPath(stateDir string) string { return filepath.Join(stateDir, "kubeconfig") }
 
 // Config returns an admin client configuration for the sandbox's API server.
 func (s *Sandbox) Config() *rest.Config { return s.config }

@@ -1,74 +1,38 @@
 package cluster
 
 import (
-	"errors"
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"github.com/tessera-gpu/tessera/sandbox/k8sbin"
 )
 
 // EnvBinDir overrides where the control-plane binaries are looked up.
-const EnvBinDir = "TESSERA_K8S_BIN"
+const EnvBinDir = k8sbin.EnvDir
 
-// modulePath is the tessera module; the repository root is the directory whose
-// go.mod declares it.
-const modulePath = "github.com/tessera-gpu/tessera"
-
-// RepoRoot returns the root of the tessera checkout that contains the working
-// directory (tests run in their package directory).
-func RepoRoot() (string, error) {
-	dir, err := os.Getwd()
+// BinDir returns the directory of the pinned release's binaries
+// ($TESSERA_K8S_BIN, else the build cache of k8sbin, which bin/k8s in a
+// checkout links to) and checks that the named ones (default: etcd,
+// kube-apiserver, kube-controller-manager) are there. It builds nothing:
+// `make k8s-bin` (hack/build-k8s.sh) and `tessera sandbox up` do.
+func BinDir(ctx context.Context, need ...k8sbin.Binary) (string, error) {
+	dir, err := k8sbin.Dir(ctx, k8sbin.Options{})
 	if err != nil {
-		return "", fmt.Errorf("working directory: %w", err)
+		return "", err
 	}
-	for {
-		data, err := os.ReadFile(filepath.Join(dir, "go.mod"))
-		if err == nil && firstLineIs(data, "module "+modulePath) {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("not inside the tessera repository (no go.mod for " + modulePath + " above the working directory)")
-		}
-		dir = parent
+	if len(need) == 0 {
+		need = k8sbin.ControlPlane
 	}
+	return dir, checkBinaries(dir, need)
 }
 
-func firstLineIs(data []byte, want string) bool {
-	for len(data) > 0 {
-		i := 0
-		for i < len(data) && data[i] != '\n' {
-			i++
-		}
-		line := string(data[:i])
-		if len(data) > i {
-			data = data[i+1:]
-		} else {
-			data = nil
-		}
-		if line == "" || (len(line) > 1 && line[:2] == "//") {
-			continue
-		}
-		return line == want
-	}
-	return false
-}
-
-// BinDir returns the directory that holds etcd, kube-apiserver,
-// kube-controller-manager and kube-scheduler, and checks that they are there.
-func BinDir() (string, error) {
-	dir := os.Getenv(EnvBinDir)
-	if dir == "" {
-		root, err := RepoRoot()
-		if err != nil {
-			return "", err
-		}
-		dir = filepath.Join(root, "bin", "k8s")
-	}
-	for _, b := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
-		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
-			return "", fmt.Errorf("control-plane binary %s missing in %s (build them with `make k8s-bin` or hack/build-k8s.sh): %w", b, dir, err)
+func checkBinaries(dir string, need []k8sbin.Binary) error {
+	for _, b := range need {
+		if _, err := os.Stat(filepath.Join(dir, b.Name)); err != nil {
+			return fmt.Errorf("Kubernetes binary %s missing in %s (build them with `make k8s-bin` or hack/build-k8s.sh; `tessera sandbox up` builds what it needs): %w", b.Name, dir, err)
 		}
 	}
-	return dir, nil
+	return nil
 }

@@ -1,6 +1,7 @@
 // Package cluster starts a real Kubernetes control plane — etcd,
-// kube-apiserver and kube-controller-manager built from the Go module proxy by
-// hack/build-k8s.sh — on loopback, for tests, benchmarks and the sandbox.
+// kube-apiserver and kube-controller-manager of the pinned release, built from
+// the Go module proxy by package k8sbin — on loopback, for the sandbox, the
+// tests and the benchmarks.
 //
 // It is written here rather than taken from controller-runtime's envtest because
 // envtest starts no kube-controller-manager, and the tests need the real
@@ -28,6 +29,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	certutil "k8s.io/client-go/util/cert"
+
+	"github.com/tessera-gpu/tessera/sandbox/k8sbin"
 )
 
 // DefaultControllers are the kube-controller-manager controllers the control plane
@@ -84,6 +87,9 @@ type Options struct {
 	Dir string
 	// Log receives progress lines (the sandbox prints them); nil for silence.
 	Log func(format string, args ...any)
+	// BinDir holds etcd, kube-apiserver and kube-controller-manager; default
+	// BinDir(ctx).
+	BinDir string
 }
 
 // ControlPlane is a running etcd, kube-apiserver and kube-controller-manager.
@@ -96,7 +102,8 @@ type ControlPlane struct {
 	// Dir holds the state, certificates and the logs (etcd.log,
 	// kube-apiserver.log, kube-controller-manager.log).
 	Dir string
-	// BinDir is where the binaries came from (kube-scheduler is there too).
+	// BinDir is where the binaries came from (kube-scheduler and kubectl
+	// too, when built: framework.BinDir checks for kube-scheduler).
 	BinDir string
 
 	ownDir    bool
@@ -112,8 +119,12 @@ func Start(ctx context.Context, opts Options) (cp *ControlPlane, err error) {
 	if logf == nil {
 		logf = func(string, ...any) {}
 	}
-	binDir, err := BinDir()
-	if err != nil {
+	binDir := opts.BinDir
+	if binDir == "" {
+		if binDir, err = BinDir(ctx); err != nil {
+			return nil, err
+		}
+	} else if err := checkBinaries(binDir, k8sbin.ControlPlane); err != nil {
 		return nil, err
 	}
 	sweepStale()

@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/tessera-gpu/tessera/sandbox/cluster"
+	"github.com/tessera-gpu/tessera/sandbox/k8sbin"
 )
 
 // ControlPlane is a running control plane (see cluster.ControlPlane), with
@@ -50,12 +51,12 @@ func (cp *ControlPlane) Stop() {
 	cp.ControlPlane.Stop()
 }
 
-// BinDir returns the directory that holds the control-plane binaries.
-func BinDir() (string, error) { return cluster.BinDir() }
-
-// RepoRoot returns the root of the tessera checkout that contains the working
-// directory (tests run in their package directory).
-func RepoRoot() (string, error) { return cluster.RepoRoot() }
+// BinDir returns the directory that holds the Kubernetes binaries the tests
+// run (etcd, kube-apiserver, kube-controller-manager and kube-scheduler) and
+// checks that they are there.
+func BinDir() (string, error) {
+	return cluster.BinDir(context.Background(), k8sbin.Etcd, k8sbin.APIServer, k8sbin.ControllerManager, k8sbin.Scheduler)
+}
 
 // WriteKubeconfig writes cfg (host, CA, bearer token) as a kubeconfig file.
 func WriteKubeconfig(cfg *rest.Config, path string) error { return cluster.WriteKubeconfig(cfg, path) }
