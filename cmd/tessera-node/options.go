@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -20,11 +19,11 @@ import (
 	"k8s.io/component-base/featuregate"
 	logsapi "k8s.io/component-base/logs/api/v1"
 	"k8s.io/component-base/metrics"
-	"k8s.io/component-base/metrics/legacyregistry"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/cmd/internal/kubeconfig"
 	"github.com/tessera-gpu/tessera/draplugin"
+	"github.com/tessera-gpu/tessera/internal/metricsconv"
 	"github.com/tessera-gpu/tessera/nodeagent/agent"
 	"github.com/tessera-gpu/tessera/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/nodeagent/health"
@@ -282,8 +281,7 @@ func endpoints(a *agent.Agent, pluginMetrics prometheus.Gatherers) http.Handler 
 		_, _ = w.Write([]byte("ok: " + strconv.Itoa(c.Whole) + " whole, " + strconv.Itoa(c.MIG) + " MIG, " + strconv.Itoa(c.Shared) + " shared\n"))
 	})
 	// The agent's metrics live in the legacy registry; each plugin keeps a
-	// registry of its own.
-	gatherers := append(prometheus.Gatherers{legacyregistry.DefaultGatherer}, pluginMetrics...)
-	mux.Handle("/metrics", promhttp.HandlerFor(gatherers, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
+	// registry of its own (internal/metricsconv).
+	mux.Handle("/metrics", metricsconv.Handler(pluginMetrics...))
 	return mux
 }

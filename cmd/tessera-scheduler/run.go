@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"k8s.io/client-go/rest"
-	"k8s.io/component-base/metrics/legacyregistry"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/catalog"
@@ -18,6 +17,7 @@ import (
 	"github.com/tessera-gpu/tessera/controlplane/mapper"
 	"github.com/tessera-gpu/tessera/controlplane/scheduler"
 	"github.com/tessera-gpu/tessera/controlplane/solver"
+	"github.com/tessera-gpu/tessera/internal/metricsconv"
 )
 
 func run(ctx context.Context, o *options) error {
@@ -92,7 +92,7 @@ func newCatalogResolver(ctx context.Context, cfg *rest.Config) (*mapper.CatalogR
 
 func serveMetrics(ctx context.Context, addr string) (*http.Server, error) {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", legacyregistry.Handler())
+	mux.Handle("/metrics", metricsconv.Handler())
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
