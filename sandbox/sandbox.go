@@ -52,6 +52,9 @@ type Options struct {
 	Keep bool
 	// Speed divides the scenario's simulated run times (default 1).
 	Speed float64
+	// WebAddress is where the web view and /metrics are served (default
+	// 127.0.0.1 on a free port; the narration prints the URL).
+	WebAddress string
 	// BinDir holds the Kubernetes binaries; default: k8sbin's cache, where
 	// Start builds whichever of etcd, kube-apiserver,
 	// kube-controller-manager and kubectl is missing.
@@ -83,6 +86,7 @@ type Sandbox struct {
 	config     *rest.Config
 	nodes      []*simNode
 	scheduler  *runningScheduler
+	web        *webServer
 	kubeconfig string
 }
 
@@ -230,6 +234,13 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 	if err := s.applyDemoFile(ctx, ap, "00-queues.yaml"); err != nil {
 		return nil, err
 	}
+	addr := opts.WebAddress
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	if err := s.startWeb(ctx, addr); err != nil {
+		return nil, err
+	}
 
 	v, err := s.client.Discovery().ServerVersion()
 	if err != nil {
@@ -240,7 +251,7 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 	s.say("")
 	s.say("  export KUBECONFIG=%s", s.kubeconfig)
 	s.say("  tessera top                        # GPUs, queues and gangs, live")
-	s.say("  tessera top --web :8080            # the same in a browser")
+	s.say("  open %s       # the same in a browser (metrics at /metrics)", s.URL())
 	s.say("  tessera get gangs -o json          # for scripts")
 	kubectl := "kubectl " + k8sbin.KubernetesVersion()
 	if path := filepath.Join(opts.BinDir, k8sbin.Kubectl.Name); fileExists(path) {
@@ -361,6 +372,11 @@ func (s *Sandbox) Config() *rest.Config { return s.config }
 func (s *Sandbox) Stop() error {
 	s.say("stopping the sandbox...")
 	var errs []error
+	if s.web != nil {
+		if err := s.web.stop(); err != nil {
+			errs = append(errs, fmt.Errorf("web view: %w", err))
+		}
+	}
 	if s.scheduler != nil {
 		if err := s.scheduler.stop(); err != nil {
 			errs = append(errs, fmt.Errorf("scheduler: %w", err))

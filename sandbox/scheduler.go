@@ -27,6 +27,7 @@ func startScheduler(ctx context.Context, cfg *rest.Config) (*runningScheduler, e
 	if err != nil {
 		return nil, fmt.Errorf("built-in catalog: %w", err)
 	}
+	scheduler.RegisterMetrics() // as the binary does: served at the sandbox's /metrics
 	ctx, cancel := context.WithCancel(ctx)
 	res, err := mapper.NewCatalogResolver(ctx, cat, cfg)
 	if err != nil {

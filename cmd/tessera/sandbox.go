@@ -64,6 +64,7 @@ per binary with its build time) and reused afterwards.`,
 	up.Flags().StringVar(&opts.Scenario, "scenario", "", "scenario to run: demo (implies --mig and --shared)")
 	up.Flags().BoolVar(&opts.Keep, "keep", false, "stay up after the scenario ends")
 	up.Flags().Float64Var(&opts.Speed, "speed", 1, "divide the scenario's simulated run times by this factor")
+	up.Flags().StringVar(&opts.WebAddress, "web", "127.0.0.1:0", "address of the web view (as tessera top --web) and of /metrics; port 0 picks a free one")
 
 	down := &cobra.Command{
 		Use:   "down",
