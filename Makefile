@@ -16,13 +16,14 @@ STATICCHECK_VERSION ?= v0.8.2
 
 all: build
 
-# One line per binary with its build time (a cold build compiles every
-# dependency and takes minutes; nothing else is printed unless it fails).
+# One line per binary with its build time (a cold build downloads and
+# compiles every dependency and takes minutes); go's own output, module
+# downloads included, is shown only if the build fails.
 build: BINARIES := tessera tessera-node tessera-scheduler
 build cli:
 	@for b in $(BINARIES); do \
 	  start=$$(date +%s); printf '  %-20s building...' "$(BIN)/$$b"; \
-	  $(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/$$b ./cmd/$$b || exit 1; \
+	  if ! out=$$($(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/$$b ./cmd/$$b 2>&1); then echo " failed:"; echo "$$out"; exit 1; fi; \
 	  echo " built in $$(( $$(date +%s) - start ))s"; \
 	done
 

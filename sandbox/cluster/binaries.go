@@ -31,7 +31,7 @@ func BinDir(ctx context.Context, need ...k8sbin.Binary) (string, error) {
 func checkBinaries(dir string, need []k8sbin.Binary) error {
 	for _, b := range need {
 		if _, err := os.Stat(filepath.Join(dir, b.Name)); err != nil {
-			return fmt.Errorf("Kubernetes binary %s missing in %s (build them with `make k8s-bin` or hack/build-k8s.sh; `tessera sandbox up` builds what it needs): %w", b.Name, dir, err)
+			return fmt.Errorf("the Kubernetes binary %s is missing in %s (build them with `make k8s-bin` or hack/build-k8s.sh; `tessera sandbox up` builds what it needs): %w", b.Name, dir, err)
 		}
 	}
 	return nil
