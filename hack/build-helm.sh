@@ -18,9 +18,14 @@ if [[ ! -x $out/helm ]]; then
   mkdir -p "$(dirname "$out")"
   tmp=$(mktemp -d "$(dirname "$out")/.tmp.XXXXXX")
   # `go install pkg@version` builds with Helm's own go.mod, not tessera's.
-  GOBIN=$tmp CGO_ENABLED=0 go install -trimpath \
+  # Its output (module downloads) is shown only if it fails.
+  if ! out=$(GOBIN=$tmp CGO_ENABLED=0 go install -trimpath \
     -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$version -X helm.sh/helm/v3/internal/version.gitTreeState=clean" \
-    "helm.sh/helm/v3/cmd/helm@$version"
+    "helm.sh/helm/v3/cmd/helm@$version" 2>&1); then
+    echo "$out" >&2
+    rm -rf "$tmp"
+    exit 1
+  fi
   mkdir -p "$out"
   mv "$tmp/helm" "$out/helm"
   rmdir "$tmp"
