@@ -188,6 +188,9 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 			return nil, err
 		}
 		s.opts.BinDir = opts.BinDir
+		// The sandbox's own start (and the demo's "first gang bound after")
+		// is timed from here: a first run's build has its own lines.
+		s.start = time.Now()
 	}
 	cpDir := filepath.Join(opts.StateDir, "controlplane")
 	_ = os.RemoveAll(cpDir) // state of an earlier sandbox that was killed

@@ -249,10 +249,14 @@ func Ensure(ctx context.Context, opts Options, bins ...Binary) (string, error) {
 	p := newProgress(opts.Out)
 	p.printf("Kubernetes %s: building %s from the Go module proxy into %s (once; later runs reuse them)\n",
 		KubernetesVersion(), names(missing), dir)
+	start := time.Now()
 	for i, b := range missing {
 		if err := build(ctx, opts.goCmd(), src, dir, b, p, fmt.Sprintf("%d/%d", i+1, len(missing))); err != nil {
 			return "", err
 		}
+	}
+	if len(missing) > 1 {
+		p.printf("  built %d binaries in %s\n", len(missing), elapsed(start))
 	}
 	return dir, nil
 }
@@ -353,7 +357,7 @@ func lock(ctx context.Context, path string, out io.Writer) (func(), error) {
 
 // progress prints build progress: on a terminal one line per binary whose
 // clock counts up; elsewhere (a log, CI) a line when a build starts, every
-// 30s while it runs, and when it ends.
+// minute while it runs, and when it ends.
 type progress struct {
 	out io.Writer
 	tty bool
@@ -382,7 +386,7 @@ func (p *progress) printf(format string, args ...any) {
 func (p *progress) running(label string, start time.Time) func() {
 	done := make(chan struct{})
 	finished := make(chan struct{})
-	every := 30 * time.Second
+	every := time.Minute
 	if p.tty {
 		every = time.Second
 		fmt.Fprintf(p.out, "%s building... 0s", label)

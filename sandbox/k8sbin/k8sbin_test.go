@@ -118,6 +118,9 @@ func TestEnsureBuildsOnlyWhatIsMissing(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "kube-scheduler")); !os.IsNotExist(err) {
 		t.Errorf("kube-scheduler built for the sandbox")
 	}
+	if !strings.Contains(out.String(), "built 4 binaries in ") {
+		t.Errorf("no total build time:\n%s", out.String())
+	}
 	// The module was built from the embedded files.
 	if data, err := os.ReadFile(filepath.Join(dir, ".src", "go.mod")); err != nil || !bytes.Equal(data, goMod) {
 		t.Errorf("module go.mod not written from the embedded copy: %v", err)
