@@ -43,7 +43,9 @@ func createSlices(t *testing.T, ctx context.Context, cp *framework.ControlPlane,
 		if _, err := client.ResourceV1().ResourceSlices().Create(ctx, &s, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = client.ResourceV1().ResourceSlices().Delete(context.Background(), s.Name, metav1.DeleteOptions{}) })
+		t.Cleanup(func() {
+			_ = client.ResourceV1().ResourceSlices().Delete(context.Background(), s.Name, metav1.DeleteOptions{})
+		})
 	}
 }
 
