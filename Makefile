@@ -12,15 +12,26 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 E2E_PKGS  := ./test/e2e/...
 STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: all build k8s-bin operators-bin node-bin test test-unit test-e2e bench lint fmt generate demo clean
+.PHONY: all build cli k8s-bin operators-bin node-bin helm-bin test test-unit test-e2e bench lint fmt generate demo clean
 
 all: build
 
-build:
-	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/tessera ./cmd/tessera-node ./cmd/tessera-scheduler
+# One line per binary with its build time (a cold build downloads and
+# compiles every dependency and takes minutes); go's own output, module
+# downloads included, is shown only if the build fails.
+build: BINARIES := tessera tessera-node tessera-scheduler
+build cli:
+	@for b in $(BINARIES); do \
+	  start=$$(date +%s); printf '  %-20s building...' "$(BIN)/$$b"; \
+	  if ! out=$$($(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/$$b ./cmd/$$b 2>&1); then echo " failed:"; echo "$$out"; exit 1; fi; \
+	  echo " built in $$(( $$(date +%s) - start ))s"; \
+	done
 
-# Real control-plane binaries (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler) from the Go module proxy; cached in bin/k8s.
+cli: BINARIES := tessera
+
+# The Kubernetes binaries of the pinned release (etcd, kube-apiserver,
+# kube-controller-manager, kubectl, kube-scheduler) from the Go module proxy;
+# cached in ~/.cache/tessera, linked as bin/k8s.
 k8s-bin:
 	hack/build-k8s.sh
 
@@ -36,15 +47,19 @@ operators-bin:
 node-bin:
 	hack/build-node.sh
 
+# The Helm CLI, for the chart's Helm end-to-end test; linked as bin/helm.
+helm-bin:
+	hack/build-helm.sh
+
 # All tests: unit tests with the race detector, then the end-to-end suites.
-test: k8s-bin operators-bin node-bin
+test: k8s-bin operators-bin node-bin helm-bin
 	$(MAKE) test-unit
 	$(MAKE) test-e2e
 
-test-unit: k8s-bin operators-bin
+test-unit: k8s-bin operators-bin helm-bin
 	$(GO) test -race -count=1 -timeout 30m $$($(GO) list ./... | grep -v /test/e2e)
 
-test-e2e: k8s-bin operators-bin node-bin
+test-e2e: k8s-bin operators-bin node-bin helm-bin
 	$(GO) test -count=1 -timeout 30m $(E2E_PKGS)
 
 # All benchmarks; BENCH selects some (e.g. BENCH=Solve). The end-to-end
@@ -65,8 +80,10 @@ fmt:
 generate:
 	$(GO) generate ./...
 
-demo: k8s-bin build
-	$(BIN)/tessera sandbox up --scenario demo $(DEMO_ARGS)
+# The sandbox builds the Kubernetes binaries it needs itself (not
+# kube-scheduler), one progress line per binary.
+demo: cli
+	@$(BIN)/tessera sandbox up --scenario demo $(DEMO_ARGS)
 
 clean:
 	rm -rf $(BIN)/tessera $(BIN)/tessera-node $(BIN)/tessera-scheduler

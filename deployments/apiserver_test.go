@@ -33,6 +33,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/catalog"
+	"github.com/tessera-gpu/tessera/contract"
 	"github.com/tessera-gpu/tessera/deployments"
 	"github.com/tessera-gpu/tessera/test/framework"
 )
@@ -289,7 +290,7 @@ func slice(name, node string) *resourceapi.ResourceSlice {
 	s := &resourceapi.ResourceSlice{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: resourceapi.ResourceSliceSpec{
-			Driver:  "gpu.tessera.dev",
+			Driver:  contract.DriverName,
 			Pool:    resourceapi.ResourcePool{Name: name, ResourceSliceCount: 1},
 			Devices: []resourceapi.Device{{Name: "gpu-0"}},
 		},
@@ -406,7 +407,7 @@ func TestSchedulerWritesAreNarrowed(t *testing.T) {
 	claim := &resourceapi.ResourceClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: "gpu"},
 		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
-			Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.tessera.dev"},
+			Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: contract.ClassGPU},
 		}}}},
 	}
 	waitForPolicy(t, func() error {
@@ -442,7 +443,7 @@ func TestSchedulerWritesAreNarrowed(t *testing.T) {
 	}
 	stored = withFinalizer
 	stored.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{
-		Results: []resourceapi.DeviceRequestAllocationResult{{Request: "gpu", Driver: "gpu.tessera.dev", Pool: "node-a", Device: "gpu-0"}},
+		Results: []resourceapi.DeviceRequestAllocationResult{{Request: "gpu", Driver: contract.DriverName, Pool: "node-a", Device: "gpu-0"}},
 	}}
 	allocated, err := claims.UpdateStatus(ctx, stored, metav1.UpdateOptions{})
 	wantAllowed(t, "scheduler writes the allocation", err)

@@ -226,7 +226,7 @@ func startScheduler(t *testing.T, c *cluster, ns, prefix string) *process {
 	t.Helper()
 	bin := binary(t, "tessera-scheduler")
 	kubeconfig := saKubeconfig(t, c, t.TempDir(), ns, prefix+"-scheduler", nil)
-	dep := typed(t, render(t, ns, "{fullnameOverride: "+prefix+"}"), "Deployment", "", &appsv1.Deployment{})
+	dep := typed(t, render(t, ns, "{fullnameOverride: "+prefix+"}"), "Deployment", prefix+"-scheduler", &appsv1.Deployment{})
 	args := append(dep.Spec.Template.Spec.Containers[0].Args, "--kubeconfig="+kubeconfig, "--metrics-bind-address=127.0.0.1:0")
 	return startProcess(t, "tessera-scheduler", bin, args, nil)
 }

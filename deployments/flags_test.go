@@ -90,6 +90,10 @@ func TestBinariesAcceptChartFlags(t *testing.T) {
 	if acceptsFlags(t, sched, []string{"--leader-elect=maybe"}) == nil {
 		t.Fatal("tessera-scheduler accepted a malformed bool: the flag check proves nothing")
 	}
+	cli := binary(t, "tessera")
+	if acceptsFlags(t, cli, []string{"top", "--interval=often"}) == nil {
+		t.Fatal("tessera top accepted a malformed duration: the flag check proves nothing")
+	}
 	cases := []string{""}
 	for _, tc := range combinations {
 		cases = append(cases, tc.values)
@@ -107,8 +111,13 @@ func TestBinariesAcceptChartFlags(t *testing.T) {
 		for _, dep := range ofKind(r, "Deployment") {
 			d := typed(t, r, "Deployment", dep.GetName(), &appsv1.Deployment{})
 			for _, c := range d.Spec.Template.Spec.Containers {
-				if err := acceptsFlags(t, sched, c.Args); err != nil {
-					t.Errorf("values %q: tessera-scheduler refuses the chart's flags %v: %v", v, c.Args, err)
+				bin := map[string]string{"/usr/bin/tessera-scheduler": sched, "/usr/bin/tessera": cli}[strings.Join(c.Command, " ")]
+				if bin == "" {
+					t.Errorf("values %q: Deployment %s runs %v, which this test does not know", v, d.Name, c.Command)
+					continue
+				}
+				if err := acceptsFlags(t, bin, c.Args); err != nil {
+					t.Errorf("values %q: %s refuses the chart's flags %v: %v", v, c.Command[0], c.Args, err)
 				}
 			}
 		}

@@ -2,6 +2,7 @@ package deployments_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -225,6 +226,32 @@ func TestDefaultRender(t *testing.T) {
 		t.Error("the scheduler must bind pods and write claim allocations")
 	}
 	typed(t, r, "ClusterRole", "tessera-queue-admin", &rbacv1.ClusterRole{})
+	// The overview only reads, and runs once (two would export every
+	// cluster metric twice).
+	ov := typed(t, r, "Deployment", "tessera-overview", &appsv1.Deployment{})
+	if ov.Spec.Replicas == nil || *ov.Spec.Replicas != 1 {
+		t.Errorf("overview replicas = %v, want 1", ov.Spec.Replicas)
+	}
+	if oc := ov.Spec.Template.Spec.Containers[0]; !slices.Equal(oc.Command, []string{"/usr/bin/tessera"}) || !slices.Equal(oc.Args, []string{"top", "--web=:8080", "--interval=1s"}) {
+		t.Errorf("overview runs %v %v, want tessera top --web", oc.Command, oc.Args)
+	}
+	if psc := ov.Spec.Template.Spec.SecurityContext; psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot {
+		t.Error("the overview must run as non-root")
+	}
+	ovRole := typed(t, r, "ClusterRole", "tessera-overview", &rbacv1.ClusterRole{})
+	for _, rule := range ovRole.Rules {
+		for _, v := range rule.Verbs {
+			if v != "list" && v != "watch" {
+				t.Errorf("the overview may %s %v: it only lists and watches", v, rule.Resources)
+			}
+		}
+	}
+	if !hasRule(ovRole.Rules, "resource.k8s.io", "resourceclaims", "watch") || !hasRule(ovRole.Rules, "scheduling.tessera.dev", "podgroups", "list") {
+		t.Errorf("the overview cannot read what tessera top reads: %v", ovRole.Rules)
+	}
+	if n := len(ofKind(r, "PrometheusRule")); n != 0 || slices.Contains(names(ofKind(r, "ConfigMap")), "tessera-dashboards") {
+		t.Error("the dashboard ConfigMap and the PrometheusRule are off by default")
+	}
 	if n := len(ofKind(r, "ServiceMonitor")) + len(ofKind(r, "Queue")); n != 0 {
 		t.Errorf("ServiceMonitors and example Queues are off by default, found %d", n)
 	}
@@ -362,7 +389,7 @@ node:
 		name:   "monitoring and example queues",
 		values: `{serviceMonitor: {enabled: true, labels: {release: prom}}, exampleQueues: {enabled: true}}`,
 		check: func(t *testing.T, r *deployments.Rendered) {
-			if got := names(ofKind(r, "ServiceMonitor")); !slices.Equal(got, []string{"tessera-node", "tessera-scheduler"}) {
+			if got := names(ofKind(r, "ServiceMonitor")); !slices.Equal(got, []string{"tessera-node", "tessera-overview", "tessera-scheduler"}) {
 				t.Errorf("ServiceMonitors = %v", got)
 			}
 			for _, sm := range ofKind(r, "ServiceMonitor") {
@@ -372,6 +399,81 @@ node:
 			}
 			if got := names(ofKind(r, "Queue")); !slices.Equal(got, []string{"cluster", "team-a", "team-b"}) {
 				t.Errorf("example Queues = %v", got)
+			}
+		},
+	},
+	{
+		name:   "dashboards and alerts",
+		values: `{grafanaDashboard: {enabled: true, labels: {grafana_dashboard: "yes"}}, prometheusRule: {enabled: true, gangPendingMinutes: 10, queueAtLimitMinutes: 45, labels: {release: prom}}}`,
+		check: func(t *testing.T, r *deployments.Rendered) {
+			cm := typed(t, r, "ConfigMap", "tessera-dashboards", &corev1.ConfigMap{})
+			if cm.Namespace != testNamespace || cm.Labels["grafana_dashboard"] != "yes" {
+				t.Errorf("dashboard ConfigMap %s/%s labels %v: want the release namespace and the sidecar's label", cm.Namespace, cm.Name, cm.Labels)
+			}
+			other := typed(t, render(t, testNamespace, `grafanaDashboard: {enabled: true, namespace: monitoring}`), "ConfigMap", "tessera-dashboards", &corev1.ConfigMap{})
+			if other.Namespace != "monitoring" || other.Labels["grafana_dashboard"] != "1" {
+				t.Errorf("grafanaDashboard.namespace: ConfigMap in %s with labels %v, want monitoring and the default label", other.Namespace, other.Labels)
+			}
+			var dash struct {
+				Title, UID string
+				Panels     []struct{ Title string }
+			}
+			if err := json.Unmarshal([]byte(cm.Data["tessera.json"]), &dash); err != nil || dash.Title != "tessera" || len(dash.Panels) < 10 {
+				t.Errorf("dashboard JSON: %v, %+v", err, dash)
+			}
+			type alert struct {
+				Alert string `json:"alert"`
+				Expr  string `json:"expr"`
+				For   string `json:"for"`
+				// Labels and annotations are not checked here.
+				Labels      map[string]string `json:"labels"`
+				Annotations map[string]string `json:"annotations"`
+			}
+			rule := typed(t, r, "PrometheusRule", "tessera", &struct {
+				APIVersion string `json:"apiVersion"`
+				Kind       string `json:"kind"`
+				Metadata   struct {
+					Name      string            `json:"name"`
+					Namespace string            `json:"namespace"`
+					Labels    map[string]string `json:"labels"`
+				} `json:"metadata"`
+				Spec struct {
+					Groups []struct {
+						Name  string  `json:"name"`
+						Rules []alert `json:"rules"`
+					} `json:"groups"`
+				} `json:"spec"`
+			}{})
+			if rule.Metadata.Labels["release"] != "prom" {
+				t.Errorf("PrometheusRule labels = %v", rule.Metadata.Labels)
+			}
+			alerts := map[string][2]string{}
+			for _, g := range rule.Spec.Groups {
+				for _, a := range g.Rules {
+					alerts[a.Alert] = [2]string{a.Expr, a.For}
+				}
+			}
+			for _, name := range []string{"TesseraGangPendingTooLong", "TesseraPrepareErrors", "TesseraQueueAtLimit", "TesseraGPUUnhealthy", "TesseraCommitErrors"} {
+				if _, ok := alerts[name]; !ok {
+					t.Errorf("alert %s missing (have %v)", name, alerts)
+				}
+			}
+			if e := alerts["TesseraGangPendingTooLong"][0]; !strings.HasSuffix(e, "> 600") {
+				t.Errorf("gangPendingMinutes 10 not in the alert: %s", e)
+			}
+			if f := alerts["TesseraQueueAtLimit"][1]; f != "45m" {
+				t.Errorf("TesseraQueueAtLimit for = %q, want 45m", f)
+			}
+		},
+	},
+	{
+		name:   "no overview",
+		values: `{overview: {enabled: false}}`,
+		check: func(t *testing.T, r *deployments.Rendered) {
+			for _, kind := range []string{"Deployment", "ClusterRole", "ServiceAccount", "Service"} {
+				if slices.Contains(names(ofKind(r, kind)), "tessera-overview") {
+					t.Errorf("%s tessera-overview rendered with overview.enabled=false", kind)
+				}
 			}
 		},
 	},
@@ -403,7 +505,7 @@ node:
 		name:   "one scheduler without leader election",
 		values: `scheduler: {replicas: 1, leaderElection: {enabled: false}, podDisruptionBudget: {enabled: false}, topologyKeys: [nvidia.com/gpu.clique, topology.kubernetes.io/zone], extraArgs: [--max-tries=1000, --spread]}`,
 		check: func(t *testing.T, r *deployments.Rendered) {
-			dep := typed(t, r, "Deployment", "", &appsv1.Deployment{})
+			dep := typed(t, r, "Deployment", "tessera-scheduler", &appsv1.Deployment{})
 			args := dep.Spec.Template.Spec.Containers[0].Args
 			if !slices.Contains(args, "--leader-elect=false") || !slices.Contains(args, "--topology-keys=nvidia.com/gpu.clique,topology.kubernetes.io/zone") || args[len(args)-1] != "--spread" {
 				t.Errorf("args = %v", args)
@@ -487,6 +589,9 @@ func TestInvalidValues(t *testing.T) {
 		{`scheduler: {topologyKeys: ["bad key!"]}`, "/scheduler/topologyKeys/0"},
 		{`scheduler: {workloadResources: [{apiGroups: ["*"], resources: ["*"]}]}`, "/scheduler/workloadResources/0/resources/0"},
 		{`exampleQueues: {queues: [{name: a}, {name: a}]}`, `queue "a" is listed twice`},
+		{`{overview: {enabled: false}, prometheusRule: {enabled: true}}`, "need overview.enabled=true"},
+		{`prometheusRule: {gangPendingMinutes: 0}`, "/prometheusRule/gangPendingMinutes"},
+		{`overview: {refresh: soon}`, "/overview/refresh"},
 		{`exampleQueues: {queues: [{name: a, spec: {resources: {gpu: {quota: "-1"}}}}]}`, "/exampleQueues/queues/0/spec/resources/gpu/quota"},
 	} {
 		t.Run(tc.values, func(t *testing.T) {

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
+	"github.com/tessera-gpu/tessera/contract"
 	"github.com/tessera-gpu/tessera/controlplane/fixture"
 	"github.com/tessera-gpu/tessera/test/framework"
 )
@@ -78,7 +79,7 @@ func TestSchedulerBinaryRunsWithChartAccess(t *testing.T) {
 	if _, err := c.client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, &resourceapi.ResourceClaimTemplate{
 		ObjectMeta: metav1.ObjectMeta{Name: "gpu"},
 		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
-			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.tessera.dev"}}},
+			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: contract.ClassGPU}}},
 		}}},
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)

@@ -63,5 +63,11 @@ func newMetrics(reg metrics.KubeRegistry) (*pluginMetrics, error) {
 			return nil, fmt.Errorf("register DRA plugin metrics: %w", err)
 		}
 	}
+	// Zero from the start, so that rates and the TesseraPrepareErrors alert
+	// see the first error (a series that appears at 1 has no increase).
+	for _, op := range []string{"prepare", "unprepare"} {
+		m.operations.WithLabelValues(op)
+		m.errors.WithLabelValues(op)
+	}
 	return m, nil
 }

@@ -15,20 +15,19 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/component-base/featuregate"
 	logsapi "k8s.io/component-base/logs/api/v1"
 	"k8s.io/component-base/metrics"
-	"k8s.io/component-base/metrics/legacyregistry"
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-gpu/tessera/cmd/internal/kubeconfig"
 	"github.com/tessera-gpu/tessera/draplugin"
 	"github.com/tessera-gpu/tessera/draplugin/cdi"
+	"github.com/tessera-gpu/tessera/internal/metricsconv"
 	"github.com/tessera-gpu/tessera/nodeagent/agent"
 	"github.com/tessera-gpu/tessera/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/nodeagent/health"
@@ -111,7 +110,7 @@ func (o *options) addPluginFlags(fs *pflag.FlagSet) {
 func (o *options) addFlags(fs *pflag.FlagSet) {
 	o.addPluginFlags(fs)
 	fs.StringVar(&o.nodeName, "node-name", o.nodeName, "Name of the Node this agent runs on (default $NODE_NAME).")
-	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Path to a kubeconfig; empty uses the in-cluster service account.")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Path to a kubeconfig; empty: $KUBECONFIG, else the in-cluster service account.")
 	fs.StringVar(&o.backend, "backend", o.backend, fmt.Sprintf("NVML backend: %q (libnvidia-ml.so.1), %q, or %q<machine>[?gpus=N] with machine one of %s.", nvmlbackend.Real, nvmlbackend.Real+":<library path>", nvmlbackend.MockPrefix, strings.Join(nvmlbackend.MockMachines(), ", ")))
 	fs.StringVar(&o.configPath, "config", "", "Partition config file (YAML, see docs/nodeagent.md); empty offers every GPU whole. Read again at every resync.")
 	fs.StringVar(&o.httpAddress, "http-address", o.httpAddress, "Address for /healthz, /readyz and /metrics; empty disables the endpoint.")
@@ -214,18 +213,7 @@ func (o *options) pluginComponents(client kubernetes.Interface, fatal func(error
 }
 
 func (o *options) restConfig() (*rest.Config, error) {
-	if o.kubeconfig == "" {
-		cfg, err := rest.InClusterConfig()
-		if err != nil {
-			return nil, fmt.Errorf("no --kubeconfig given and not running in a cluster: %w", err)
-		}
-		return cfg, nil
-	}
-	cfg, err := clientcmd.BuildConfigFromFlags("", o.kubeconfig)
-	if err != nil {
-		return nil, fmt.Errorf("--kubeconfig %s: %w", o.kubeconfig, err)
-	}
-	return cfg, nil
+	return kubeconfig.Load(kubeconfig.Options{Path: o.kubeconfig, UserAgent: "tessera-node"})
 }
 
 // run is the whole binary: check, open NVML, connect, serve endpoints, run
@@ -245,7 +233,6 @@ func run(ctx context.Context, o *options, components []agent.Component) error {
 	if err != nil {
 		return err
 	}
-	restCfg.UserAgent = "tessera-node"
 	client, err := kubernetes.NewForConfig(restCfg)
 	if err != nil {
 		return fmt.Errorf("create Kubernetes client: %w", err)
@@ -358,8 +345,7 @@ func endpoints(a *agent.Agent, pluginMetrics prometheus.Gatherers) http.Handler 
 		_, _ = w.Write([]byte("ok: " + strconv.Itoa(c.Whole) + " whole, " + strconv.Itoa(c.MIG) + " MIG, " + strconv.Itoa(c.Shared) + " shared\n"))
 	})
 	// The agent's metrics live in the legacy registry; each plugin keeps a
-	// registry of its own.
-	gatherers := append(prometheus.Gatherers{legacyregistry.DefaultGatherer}, pluginMetrics...)
-	mux.Handle("/metrics", promhttp.HandlerFor(gatherers, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
+	// registry of its own (internal/metricsconv).
+	mux.Handle("/metrics", metricsconv.Handler(pluginMetrics...))
 	return mux
 }

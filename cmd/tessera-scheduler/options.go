@@ -68,7 +68,7 @@ func newOptions() *options {
 }
 
 func (o *options) addFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&o.kubeconfig, "kubeconfig", o.kubeconfig, "Kubeconfig file; in-cluster configuration when empty.")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", o.kubeconfig, "Kubeconfig file; empty: $KUBECONFIG, else the in-cluster service account.")
 	fs.StringVar(&o.schedulerName, "scheduler-name", o.schedulerName, "spec.schedulerName of the pods this scheduler places.")
 	fs.StringSliceVar(&o.topologyKeys, "topology-keys", o.topologyKeys, "Node label keys whose values are topology domains (rack, NVLink domain), most specific first; a gang is kept in one domain when it fits.")
 	fs.BoolVar(&o.spread, "spread", o.spread, "Prefer the emptiest nodes instead of packing GPUs onto the fullest.")

@@ -10,15 +10,15 @@ import (
 	"time"
 
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/component-base/metrics/legacyregistry"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/catalog"
 	"github.com/tessera-gpu/tessera/catalog/resolver"
+	"github.com/tessera-gpu/tessera/cmd/internal/kubeconfig"
 	"github.com/tessera-gpu/tessera/controlplane/mapper"
 	"github.com/tessera-gpu/tessera/controlplane/scheduler"
 	"github.com/tessera-gpu/tessera/controlplane/solver"
+	"github.com/tessera-gpu/tessera/internal/metricsconv"
 )
 
 func run(ctx context.Context, o *options) error {
@@ -26,15 +26,9 @@ func run(ctx context.Context, o *options) error {
 		return err
 	}
 	logger := klog.FromContext(ctx)
-	var cfg *rest.Config
-	var err error
-	if o.kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", o.kubeconfig)
-	} else {
-		cfg, err = rest.InClusterConfig()
-	}
+	cfg, err := kubeconfig.Load(kubeconfig.Options{Path: o.kubeconfig, UserAgent: "tessera-scheduler"})
 	if err != nil {
-		return fmt.Errorf("client configuration (--kubeconfig %q): %w", o.kubeconfig, err)
+		return err
 	}
 	cfg.QPS, cfg.Burst = 500, 1000
 
@@ -110,7 +104,7 @@ func newCatalogResolver(ctx context.Context, cfg *rest.Config, clusterDefs bool)
 
 func serveMetrics(ctx context.Context, addr string) (*http.Server, error) {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", legacyregistry.Handler())
+	mux.Handle("/metrics", metricsconv.Handler())
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
 	l, err := net.Listen("tcp", addr)
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-gpu/tessera/catalog"
+	"github.com/tessera-gpu/tessera/contract"
 	"github.com/tessera-gpu/tessera/test/framework"
 )
 
@@ -79,7 +80,7 @@ func TestMapLiveAndCoverage(t *testing.T) {
 		"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
 		"metadata": map[string]any{"name": "two-gpus", "namespace": ns},
 		"spec": map[string]any{"spec": map[string]any{"devices": map[string]any{"requests": []any{
-			map[string]any{"name": "gpus", "exactly": map[string]any{"deviceClassName": "gpu.tessera.dev", "count": int64(2)}},
+			map[string]any{"name": "gpus", "exactly": map[string]any{"deviceClassName": contract.ClassGPU, "count": int64(2)}},
 		}}}},
 	}}
 	if _, err := dc.Resource(schema.GroupVersionResource{Group: "resource.k8s.io", Version: "v1", Resource: "resourceclaimtemplates"}).Namespace(ns).Create(ctx, rct, metav1.CreateOptions{}); err != nil {

@@ -28,11 +28,11 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-gpu/tessera/catalog"
 	"github.com/tessera-gpu/tessera/catalog/api/v1alpha1"
+	"github.com/tessera-gpu/tessera/cmd/internal/kubeconfig"
 )
 
 // catalogFlags are the flags every map and catalog subcommand accepts.
@@ -63,15 +63,7 @@ func (f *catalogFlags) offlineCatalog() (*catalog.Catalog, error) {
 }
 
 func (f *catalogFlags) restConfig() (*rest.Config, error) {
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	if f.kubeconfig != "" {
-		rules.ExplicitPath = f.kubeconfig
-	}
-	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: f.context}).ClientConfig()
-	if err != nil {
-		return nil, fmt.Errorf("kubeconfig: %w", err)
-	}
-	return cfg, nil
+	return kubeconfig.Load(kubeconfig.Options{Path: f.kubeconfig, Context: f.context, UserAgent: userAgent})
 }
 
 // clusterCatalog adds the cluster's WorkloadDefinition objects to the files'
@@ -253,11 +245,7 @@ func (o *mapOptions) runLive(ctx context.Context, arg string, stdout, stderr io.
 	}
 	ns := o.namespace
 	if ns == "" {
-		rules := clientcmd.NewDefaultClientConfigLoadingRules()
-		if o.kubeconfig != "" {
-			rules.ExplicitPath = o.kubeconfig
-		}
-		ns, _, _ = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: o.context}).Namespace()
+		ns, _ = kubeconfig.Namespace(kubeconfig.Options{Path: o.kubeconfig, Context: o.context})
 	}
 	dc, err := dynamic.NewForConfig(cfg)
 	if err != nil {

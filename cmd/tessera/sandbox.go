@@ -14,8 +14,9 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-gpu/tessera/sandbox"
+	"github.com/tessera-gpu/tessera/sandbox/k8sbin"
 	"github.com/tessera-gpu/tessera/test/operators"
-	"github.com/tessera-gpu/tessera/test/sandbox"
 )
 
 func newSandboxCommand() *cobra.Command {
@@ -31,13 +32,17 @@ func newSandboxCommand() *cobra.Command {
 	up := &cobra.Command{
 		Use:   "up",
 		Short: "Start the sandbox (and a scenario) and keep it running until Ctrl-C",
-		Long: `up starts etcd, kube-apiserver and kube-controller-manager (built from the Go
-module proxy by hack/build-k8s.sh), simulated DGX nodes — each a simulated kubelet
-with tessera-node's agent and kubelet DRA plugin on mock NVML — and
-tessera-scheduler, with the CRDs, DeviceClasses and example queues. With
---scenario demo it runs the demo scenario and stops at its end (unless --keep).
---operators starts real workload operators (built by hack/build-operators.sh)
-against the sandbox's API server.`,
+		Long: `up starts etcd, kube-apiserver and kube-controller-manager of Kubernetes
+` + k8sbin.KubernetesVersion() + `, simulated DGX nodes — each a simulated kubelet with tessera-node's
+agent and kubelet DRA plugin on mock NVML — and tessera-scheduler, with the
+CRDs, DeviceClasses and example queues. With --scenario demo it runs the demo
+scenario and stops at its end (unless --keep).
+
+The Kubernetes binaries (and kubectl) are built once from the Go module proxy
+into ~/.cache/tessera (this needs the Go toolchain; a few minutes, one line
+per binary with its build time) and reused afterwards. --operators starts real
+workload operators (built by hack/build-operators.sh) against the sandbox's
+API server; --real-node adds one real kubelet and containerd node.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
 			if opts.Operators, err = operators.Parse(ops); err != nil {
@@ -70,6 +75,7 @@ against the sandbox's API server.`,
 	up.Flags().Float64Var(&opts.Speed, "speed", 1, "divide the scenario's simulated run times by this factor")
 	up.Flags().StringVar(&ops, "operators", "", "workload operators to run, comma-separated: "+strings.Join(operators.Known(), ",")+" (trainer starts jobset too; default none)")
 	up.Flags().BoolVar(&opts.RealNode, "real-node", false, "add one real node (kubelet, containerd, real containers on mock GPUs; needs root, runc and `make node-bin`) beside the simulated ones")
+	up.Flags().StringVar(&opts.WebAddress, "web", "127.0.0.1:0", "address of the web view (as tessera top --web) and of /metrics; port 0 picks a free one")
 
 	down := &cobra.Command{
 		Use:   "down",
@@ -80,8 +86,42 @@ against the sandbox's API server.`,
 			return sandbox.Down(ctx, stateDir, cmd.OutOrStdout())
 		},
 	}
-	cmd.AddCommand(up, down)
+	cmd.AddCommand(up, down, newSandboxKubectlCommand())
 	return cmd
+}
+
+// newSandboxKubectlCommand runs the sandbox's kubectl (the release of its
+// API server, built into the cache with the control plane) with the
+// sandbox's kubeconfig; every argument passes through to kubectl.
+func newSandboxKubectlCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "kubectl [kubectl arguments]",
+		Short: "Run kubectl (" + k8sbin.KubernetesVersion() + ", as the sandbox's API server) against the running sandbox",
+		Long: `kubectl runs the kubectl of the sandbox's Kubernetes release with the
+kubeconfig of the running sandbox; every argument goes to kubectl unchanged
+(the sandbox's state directory is $TESSERA_SANDBOX_DIR or ~/.tessera/sandbox).
+kubectl is built into ~/.cache/tessera with the control plane on first use.`,
+		Example:            "  tessera sandbox kubectl get nodes\n  tessera sandbox kubectl get resourceslices -o wide",
+		DisableFlagParsing: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 && (args[0] == "--help" || args[0] == "-h") && len(args) == 1 {
+				return cmd.Help()
+			}
+			stateDir := sandbox.DefaultStateDir()
+			kubeconfig := sandbox.KubeconfigPath(stateDir)
+			if _, err := os.Stat(kubeconfig); err != nil {
+				return fmt.Errorf("no sandbox is running (no kubeconfig in %s); start one with `tessera sandbox up`", stateDir)
+			}
+			dir, err := k8sbin.Ensure(cmd.Context(), k8sbin.Options{Out: cmd.ErrOrStderr()}, k8sbin.Kubectl)
+			if err != nil {
+				return err
+			}
+			kubectl := filepath.Join(dir, k8sbin.Kubectl.Name)
+			env := append(os.Environ(), "KUBECONFIG="+kubeconfig)
+			// Become kubectl: its exit status, signals and terminal are the user's.
+			return syscall.Exec(kubectl, append([]string{"kubectl"}, args...), env)
+		},
+	}
 }
 
 // logToFile sends klog's output to path (truncated) instead of stderr.

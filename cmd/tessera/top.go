@@ -2,9 +2,12 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -14,13 +17,16 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/component-base/metrics"
 
+	"github.com/tessera-gpu/tessera/cmd/internal/kubeconfig"
 	"github.com/tessera-gpu/tessera/controlplane/overview"
+	"github.com/tessera-gpu/tessera/controlplane/overview/web"
+	"github.com/tessera-gpu/tessera/internal/metricsconv"
 )
 
-// kubeFlags resolves a client config the way kubectl does: --kubeconfig, then
-// $KUBECONFIG, then ~/.kube/config, then in-cluster.
+// kubeFlags are --kubeconfig and --context, resolved as every tessera binary
+// does (cmd/internal/kubeconfig: as kubectl does).
 type kubeFlags struct {
 	kubeconfig string
 	context    string
@@ -32,20 +38,18 @@ func (k *kubeFlags) register(cmd *cobra.Command) {
 }
 
 func (k *kubeFlags) config() (*rest.Config, error) {
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = k.kubeconfig
-	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: k.context}).ClientConfig()
-	if err != nil {
-		return nil, fmt.Errorf("kubeconfig: %w", err)
-	}
-	return cfg, nil
+	return kubeconfig.Load(kubeconfig.Options{Path: k.kubeconfig, Context: k.context, UserAgent: userAgent})
 }
+
+// userAgent names the CLI in the API server's audit log and metrics.
+const userAgent = "tessera"
 
 func newTopCommand() *cobra.Command {
 	var (
 		kube     kubeFlags
 		once     bool
 		interval time.Duration
+		webAddr  string
 	)
 	cmd := &cobra.Command{
 		Use:   "top",
@@ -53,11 +57,23 @@ func newTopCommand() *cobra.Command {
 		Long: `top refreshes every second: per node a bar of its GPUs (whole, MIG slices and
 shares in use), per queue usage against quota and limit, gangs pending (with the
 scheduler's reason) and running, and totals. When standard output is not a
-terminal, or with --once, it prints one plain-text frame and exits.`,
+terminal, or with --once, it prints one plain-text frame and exits.
+
+With --web ADDRESS it serves the same overview as a web page that refreshes
+itself (one self-contained page, no external assets), /overview.json for
+scripts, and /metrics: the overview as Prometheus metrics
+(tessera_cluster_*, which the chart's Grafana dashboard and alerts use).
+The chart runs it as the tessera-overview Deployment.`,
+		Example: "  tessera top\n  tessera top --once\n  tessera top --web :8080    # then open http://localhost:8080/",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := kube.config()
 			if err != nil {
 				return err
+			}
+			if webAddr != "" {
+				ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+				defer stop()
+				return serveWeb(ctx, cfg, webAddr, interval, cmd.OutOrStdout())
 			}
 			out := cmd.OutOrStdout()
 			fd := -1
@@ -103,7 +119,61 @@ terminal, or with --once, it prints one plain-text frame and exits.`,
 	kube.register(cmd)
 	cmd.Flags().BoolVar(&once, "once", false, "print one frame as plain text and exit")
 	cmd.Flags().DurationVar(&interval, "interval", time.Second, "refresh interval")
+	cmd.Flags().StringVar(&webAddr, "web", "", "serve the overview as a web page (and /metrics) at this address, e.g. :8080")
 	return cmd
+}
+
+// serveWeb runs `tessera top --web`: informer caches of what the overview
+// reads, the page, /overview.json, /metrics (the cluster metrics) and
+// /healthz, until ctx ends.
+func serveWeb(ctx context.Context, cfg *rest.Config, addr string, refresh time.Duration, out io.Writer) error {
+	watcher, err := overview.NewWatcher(cfg)
+	if err != nil {
+		return err
+	}
+	ctx, stopInformers := context.WithCancel(ctx)
+	defer stopInformers()
+	watcher.Start(ctx)
+	syncCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := watcher.WaitForSync(syncCtx); err != nil {
+		return fmt.Errorf("reading the cluster: %w", err)
+	}
+	reg := metrics.NewKubeRegistry()
+	reg.CustomMustRegister(overview.NewCollector(watcher))
+	mux := http.NewServeMux()
+	mux.Handle("/", web.Handler(watcher, web.Options{Refresh: refresh}))
+	mux.Handle("/metrics", metricsconv.Handler(reg))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("--web %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	errs := make(chan error, 1)
+	go func() { errs <- srv.Serve(ln) }()
+	fmt.Fprintf(out, "tessera top: the overview at %s (also /overview.json and /metrics); Ctrl-C stops\n", browseURL(ln.Addr()))
+	select {
+	case <-ctx.Done():
+	case err := <-errs:
+		return fmt.Errorf("--web: %w", err)
+	}
+	shutdown, cancelShutdown := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancelShutdown()
+	return srv.Shutdown(shutdown)
+}
+
+// browseURL is the address to open: an unspecified host (":8080") is
+// reachable as localhost.
+func browseURL(a net.Addr) string {
+	host, port, err := net.SplitHostPort(a.String())
+	if err != nil {
+		return "http://" + a.String() + "/"
+	}
+	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+		host = "localhost"
+	}
+	return "http://" + net.JoinHostPort(host, port) + "/"
 }
 
 func newGetCommand() *cobra.Command {

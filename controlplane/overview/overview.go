@@ -81,6 +81,9 @@ type Gang struct {
 	Failed    int32  `json:"failed,omitempty"`
 	// Reason is why a pending gang waits, in the scheduler's words.
 	Reason string `json:"reason,omitempty"`
+	// ReasonCode is the same as one word: the condition's reason, such as
+	// QuotaExceeded or Unschedulable (a metric label).
+	ReasonCode string `json:"reasonCode,omitempty"`
 	// Waiting is how long a pending gang has waited since it was created.
 	Waiting time.Duration `json:"waiting,omitempty"`
 	Age     time.Duration `json:"age"`
@@ -371,7 +374,7 @@ func buildGangs(groups []v1alpha1.PodGroup, now time.Time) []Gang {
 			g.Waiting = g.Age
 			for _, t := range []string{"QueueResolved", "Mapped", "Scheduled"} {
 				if c := meta.FindStatusCondition(pg.Status.Conditions, t); c != nil && c.Status != "True" && c.Message != "" {
-					g.Reason = c.Message
+					g.Reason, g.ReasonCode = c.Message, c.Reason
 					break
 				}
 			}

@@ -20,7 +20,7 @@ import (
 func str(s string) resourceapi.DeviceAttribute { return resourceapi.DeviceAttribute{StringValue: &s} }
 
 func memCap(q string) map[resourceapi.QualifiedName]resourceapi.DeviceCapacity {
-	return map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{"memory": {Value: resource.MustParse(q)}}
+	return map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{contract.CapMemory: {Value: resource.MustParse(q)}}
 }
 
 // testSlice: GPU 0 whole, GPU 1 dynamic MIG with 8 memory slices (two 1g
@@ -28,12 +28,12 @@ func memCap(q string) map[resourceapi.QualifiedName]resourceapi.DeviceCapacity {
 func testSlice(node string) resourceapi.ResourceSlice {
 	counters := map[string]resourceapi.Counter{}
 	for i := range 8 {
-		counters["memory-slice-"+itoa(i)] = resourceapi.Counter{Value: resource.MustParse("1")}
+		counters[contract.MemorySliceCounter(i)] = resourceapi.Counter{Value: resource.MustParse("1")}
 	}
 	uses := func(from, n int) []resourceapi.DeviceCounterConsumption {
 		c := map[string]resourceapi.Counter{}
 		for i := from; i < from+n; i++ {
-			c["memory-slice-"+itoa(i)] = resourceapi.Counter{Value: resource.MustParse("1")}
+			c[contract.MemorySliceCounter(i)] = resourceapi.Counter{Value: resource.MustParse("1")}
 		}
 		return []resourceapi.DeviceCounterConsumption{{CounterSet: "gpu-1-counters", Counters: c}}
 	}
@@ -53,7 +53,7 @@ func testSlice(node string) resourceapi.ResourceSlice {
 				{Name: devicename.MIG(1, "1g.10gb", 1), Attributes: mig, Capacity: memCap("10Gi"), ConsumesCounters: uses(1, 1)},
 				{Name: devicename.MIG(1, "4g.40gb", 4), Attributes: mig, Capacity: memCap("40Gi"), ConsumesCounters: uses(4, 4)},
 				{Name: devicename.Shared(2), Attributes: attrs(contract.TypeShared), Capacity: memCap("80Gi"), AllowMultipleAllocations: ptr.To(true),
-					Taints: []resourceapi.DeviceTaint{{Key: "gpu.tessera.dev/xid", Effect: resourceapi.DeviceTaintEffectNoSchedule}}},
+					Taints: []resourceapi.DeviceTaint{{Key: contract.TaintKeyXID, Effect: resourceapi.DeviceTaintEffectNoSchedule}}},
 			},
 		},
 	}
@@ -75,7 +75,7 @@ func result(pool, device string) resourceapi.DeviceRequestAllocationResult {
 func TestBuildCountsWholeMIGAndSharedUse(t *testing.T) {
 	now := time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
 	shared := result("n1", devicename.Shared(2))
-	shared.ConsumedCapacity = map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse("20Gi")}
+	shared.ConsumedCapacity = map[resourceapi.QualifiedName]resource.Quantity{contract.CapMemory: resource.MustParse("20Gi")}
 	shared.ShareID = ptr.To(types.UID("share-1"))
 	in := Input{
 		Now:    now,

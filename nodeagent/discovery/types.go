@@ -1,6 +1,6 @@
 // Package discovery reads what a node's GPUs are and can become through NVML
-// (github.com/NVIDIA/go-nvml) and go-nvlib: every GPU with the attributes the
-// design brief names, its MIG capability and mode, the MIG profiles it supports
+// (github.com/NVIDIA/go-nvml) and go-nvlib: every GPU with the attributes it
+// publishes (docs/nodeagent.md), its MIG capability and mode, the MIG profiles it supports
 // with every placement NVML reports, and the MIG instances that exist now.
 package discovery
 

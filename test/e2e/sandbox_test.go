@@ -11,14 +11,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tessera-gpu/tessera/sandbox"
 	"github.com/tessera-gpu/tessera/test/framework"
-	"github.com/tessera-gpu/tessera/test/sandbox"
 )
 
 // TestSandboxDemoScenario runs the demo of `make demo` with run times cut
 // short and checks its outcome: both training gangs bound whole, team B's gang
 // waited for quota first, no device was prepared twice, and every prepared
-// claim was unprepared when the workloads went away.
+// claim was unprepared when the workloads went away. Meanwhile it scrapes the
+// sandbox's /metrics: every metric the chart's Grafana dashboard and alerts
+// name is exported, and every tessera metric follows the naming convention.
 func TestSandboxDemoScenario(t *testing.T) {
 	if _, err := framework.BinDir(); err != nil {
 		t.Fatal(err)
@@ -66,7 +68,11 @@ func TestSandboxDemoScenario(t *testing.T) {
 		t.Errorf("tessera top --once wrote terminal escapes when not on a terminal")
 	}
 
+	// The metrics a cluster running tessera exports, gathered while the
+	// demo runs (a pending gang's series exist only while it waits).
+	scraped := scrapeWhile(t, s.URL()+"metrics", 500*time.Millisecond)
 	res, err := s.RunDemo(ctx)
+	checkDashboardsAndAlerts(t, scraped())
 	if err != nil {
 		t.Fatalf("demo: %v\nnarration:\n%s", err, narration.String())
 	}
@@ -106,20 +112,10 @@ func shortTempDir(t *testing.T) string {
 	return dir
 }
 
-// runCLI builds the tessera CLI from this checkout and runs it.
+// runCLI runs the tessera CLI built from this checkout.
 func runCLI(t *testing.T, args ...string) string {
 	t.Helper()
-	root, err := framework.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cliPath := filepath.Join(t.TempDir(), "tessera")
-	build := exec.Command("go", "build", "-o", cliPath, "./cmd/tessera")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build tessera: %v\n%s", err, out)
-	}
-	cmd := exec.Command(cliPath, args...)
+	cmd := exec.Command(buildCLI(t), args...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {

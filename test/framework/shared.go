@@ -129,10 +129,8 @@ func (cp *ControlPlane) CreateNamespace(t testing.TB) string {
 	t.Cleanup(func() {
 		_ = client.CoreV1().Namespaces().Delete(context.Background(), ns.Name, metav1.DeleteOptions{})
 	})
-	if cp.kcm != nil {
-		if err := cp.waitDefaultServiceAccount(ctx, client, ns.Name); err != nil {
-			t.Fatalf("namespace %s: %v", ns.Name, err)
-		}
+	if err := cp.WaitDefaultServiceAccount(ctx, client, ns.Name); err != nil {
+		t.Fatalf("namespace %s: %v", ns.Name, err)
 	}
 	return ns.Name
 }

@@ -1,10 +1,12 @@
 //go:build tools
 
-// Package tools pins the Kubernetes commands that hack/build-k8s.sh builds.
+// Package tools pins the Kubernetes commands that hack/build-k8s.sh and
+// `tessera sandbox up` build (sandbox/k8sbin).
 package tools
 
 import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubectl"
 )

@@ -1,6 +1,7 @@
 // Package version holds the build version of the tessera binaries. The values are
-// set at link time by the Makefile (-ldflags -X), so a binary built with plain
-// `go build` still reports something honest ("dev" and the module's VCS info).
+// set at link time by the Makefile (-ldflags -X); a binary built with plain
+// `go build` still reports something honest ("dev" and the module's VCS info),
+// and one built by `go install ...@version` the module version.
 package version
 
 import (
@@ -25,18 +26,21 @@ type Info struct {
 
 // Get returns the version of this binary.
 func Get() Info {
-	commit := gitCommit
-	if commit == "" {
-		if bi, ok := debug.ReadBuildInfo(); ok {
-			for _, s := range bi.Settings {
-				if s.Key == "vcs.revision" {
-					commit = s.Value
-				}
+	version, commit := gitVersion, gitCommit
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		// `go install .../cmd/tessera@v1.2.3` (or @commit) records the
+		// module's version; a build in a checkout records "(devel)".
+		if version == "dev" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+			version = bi.Main.Version
+		}
+		for _, s := range bi.Settings {
+			if commit == "" && s.Key == "vcs.revision" {
+				commit = s.Value
 			}
 		}
 	}
 	return Info{
-		Version:   gitVersion,
+		Version:   version,
 		Commit:    commit,
 		GoVersion: runtime.Version(),
 		Platform:  runtime.GOOS + "/" + runtime.GOARCH,

@@ -16,8 +16,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/contract"
+	"github.com/tessera-gpu/tessera/sandbox"
 	"github.com/tessera-gpu/tessera/test/realnode"
-	"github.com/tessera-gpu/tessera/test/sandbox"
 )
 
 // TestSandboxRealNode: `tessera sandbox up --real-node` runs one real node

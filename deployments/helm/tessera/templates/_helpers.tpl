@@ -9,6 +9,7 @@
 
 {{- define "tessera.node.name" -}}{{ include "tessera.fullname" . }}-node{{- end -}}
 {{- define "tessera.scheduler.name" -}}{{ include "tessera.fullname" . }}-scheduler{{- end -}}
+{{- define "tessera.overview.name" -}}{{ include "tessera.fullname" . }}-overview{{- end -}}
 
 {{/* Labels of every object. */}}
 {{- define "tessera.labels" -}}
@@ -66,6 +67,9 @@ message. Every template includes it, so a bad combination fails the render.
 {{- fail "invalid values: node.partition puts GPUs in devicePlugin mode, which needs node.devicePlugin.enabled=true (the kubelet's device-plugin directory)" -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
+{{- if and (or .Values.prometheusRule.enabled .Values.grafanaDashboard.enabled) (not .Values.overview.enabled) -}}
+{{- fail "invalid values: prometheusRule.enabled and grafanaDashboard.enabled need overview.enabled=true: the alerts and the dashboard read its tessera_cluster_* metrics" -}}
 {{- end -}}
 {{- $s := .Values.scheduler -}}
 {{- if and $s.enabled (gt (int $s.replicas) 1) (not $s.leaderElection.enabled) -}}

@@ -1,4 +1,4 @@
-package framework
+package cluster
 
 import (
 	"context"
@@ -16,7 +16,7 @@ func TestMain(m *testing.M) {
 	if out := os.Getenv(childEnv); out != "" {
 		childThatPanics(out)
 	}
-	os.Exit(Run(m))
+	os.Exit(m.Run())
 }
 
 // childEnv makes the test binary act as the child of

@@ -10,13 +10,14 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/component-base/metrics"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/draplugin"
 	"github.com/tessera-gpu/tessera/nodeagent/agent"
 	"github.com/tessera-gpu/tessera/nodeagent/nvmlbackend"
 	"github.com/tessera-gpu/tessera/nodeagent/partition"
-	"github.com/tessera-gpu/tessera/test/simkubelet"
+	"github.com/tessera-gpu/tessera/sandbox/simkubelet"
 
 	"github.com/tessera-gpu/tessera/contract"
 )
@@ -32,6 +33,8 @@ type simNode struct {
 	exec    *simExecutor
 
 	agent *agent.Agent
+	// metrics is the DRA plugin's registry (one per node).
+	metrics metrics.KubeRegistry
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -48,7 +51,7 @@ type nodeSpec struct {
 
 // startNode starts a node's kubelet, agent and plugin; stop ends them all.
 func startNode(ctx context.Context, client kubernetes.Interface, dir string, spec nodeSpec) (*simNode, error) {
-	n := &simNode{name: spec.name, dir: dir, exec: &simExecutor{}, done: make(chan struct{})}
+	n := &simNode{name: spec.name, dir: dir, exec: &simExecutor{}, done: make(chan struct{}), metrics: metrics.NewKubeRegistry()}
 	for _, d := range []string{n.registryDir(), n.pluginDir(), n.cdiDir(), n.mpsDir()} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, fmt.Errorf("node %s: %w", spec.name, err)
@@ -74,6 +77,7 @@ func startNode(ctx context.Context, client kubernetes.Interface, dir string, spe
 			MPSDir:       n.mpsDir(),
 			Executor:     n.exec,
 			BootID:       spec.bootID,
+			Registry:     n.metrics,
 		})},
 	})
 	if err != nil {

@@ -1,5 +1,5 @@
 // Package sandbox runs a local tessera cluster: the real control plane from
-// test/framework (etcd, kube-apiserver, kube-controller-manager), simulated GPU
+// sandbox/cluster (etcd, kube-apiserver, kube-controller-manager), simulated GPU
 // nodes — each a simulated kubelet plus tessera-node's agent and kubelet DRA
 // plugin on a mock NVML backend, over real sockets — and tessera-scheduler,
 // with the CRDs, DeviceClasses and example queues installed. `tessera sandbox
@@ -26,7 +26,8 @@ import (
 	"github.com/tessera-gpu/tessera/deployments/deviceclasses"
 	"github.com/tessera-gpu/tessera/nodeagent/nvmlbackend"
 	"github.com/tessera-gpu/tessera/nodeagent/partition"
-	"github.com/tessera-gpu/tessera/test/framework"
+	"github.com/tessera-gpu/tessera/sandbox/cluster"
+	"github.com/tessera-gpu/tessera/sandbox/k8sbin"
 	"github.com/tessera-gpu/tessera/test/operators"
 	"github.com/tessera-gpu/tessera/test/realnode"
 )
@@ -59,6 +60,13 @@ type Options struct {
 	// RealNode adds one real node (test/realnode: kubelet, containerd, real
 	// containers) beside the simulated ones where the machine allows it.
 	RealNode bool
+	// WebAddress is where the web view and /metrics are served (default
+	// 127.0.0.1 on a free port; the narration prints the URL).
+	WebAddress string
+	// BinDir holds the Kubernetes binaries; default: k8sbin's cache, where
+	// Start builds whichever of etcd, kube-apiserver,
+	// kube-controller-manager and kubectl is missing.
+	BinDir string
 }
 
 // DefaultStateDir is where `tessera sandbox up` keeps its state, so that
@@ -81,12 +89,13 @@ type Sandbox struct {
 	opts       Options
 	out        io.Writer
 	start      time.Time
-	cp         *framework.ControlPlane
+	cp         *cluster.ControlPlane
 	client     kubernetes.Interface
 	config     *rest.Config
 	nodes      []*simNode
 	scheduler  *runningScheduler
 	operators  *operators.Set
+	web        *webServer
 	kubeconfig string
 	realNode   *realnode.Node
 }
@@ -183,11 +192,22 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 		}
 	}()
 	s = sb
+	if opts.BinDir == "" {
+		opts.BinDir, err = k8sbin.Ensure(ctx, k8sbin.Options{Out: s.out}, k8sbin.Sandbox...)
+		if err != nil {
+			return nil, err
+		}
+		s.opts.BinDir = opts.BinDir
+		// The sandbox's own start (and the demo's "first gang bound after")
+		// is timed from here: a first run's build has its own lines.
+		s.start = time.Now()
+	}
 	cpDir := filepath.Join(opts.StateDir, "controlplane")
 	_ = os.RemoveAll(cpDir) // state of an earlier sandbox that was killed
 	s.say("starting the control plane (etcd, kube-apiserver, kube-controller-manager)")
-	s.cp, err = framework.Start(ctx, framework.Options{
+	s.cp, err = cluster.Start(ctx, cluster.Options{
 		Dir:                 cpDir,
+		BinDir:              opts.BinDir,
 		Log:                 func(format string, args ...any) { s.say("  "+format, args...) },
 		ExtraAPIServerFlags: realnode.APIServerFlags,
 	})
@@ -195,8 +215,8 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 		return nil, fmt.Errorf("start control plane: %w", err)
 	}
 	s.config = s.cp.Config
-	s.kubeconfig = filepath.Join(opts.StateDir, "kubeconfig")
-	if err := framework.WriteKubeconfig(s.config, s.kubeconfig); err != nil {
+	s.kubeconfig = KubeconfigPath(opts.StateDir)
+	if err := cluster.WriteKubeconfig(s.config, s.kubeconfig); err != nil {
 		return nil, err
 	}
 	s.client, err = kubernetes.NewForConfig(s.config)
@@ -249,6 +269,13 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 	if err := s.applyDemoFile(ctx, ap, "00-queues.yaml"); err != nil {
 		return nil, err
 	}
+	addr := opts.WebAddress
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	if err := s.startWeb(ctx, addr); err != nil {
+		return nil, err
+	}
 
 	v, err := s.client.Discovery().ServerVersion()
 	if err != nil {
@@ -262,8 +289,14 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 	s.say("tessera sandbox is up in %s: Kubernetes %s at %s, %d simulated %s nodes%s", time.Since(s.start).Round(100*time.Millisecond), v.GitVersion, s.config.Host, len(s.nodes), strings.ToUpper(opts.GPU), real)
 	s.say("")
 	s.say("  export KUBECONFIG=%s", s.kubeconfig)
-	s.say("  tessera top                      # GPUs, queues and gangs, live")
-	s.say("  tessera get gangs -o json        # for scripts; any kubectl v1.34+ works too")
+	s.say("  tessera top                        # GPUs, queues and gangs, live")
+	s.say("  open %s       # the same in a browser (metrics at /metrics)", s.URL())
+	s.say("  tessera get gangs -o json          # for scripts")
+	kubectl := "kubectl " + k8sbin.KubernetesVersion()
+	if path := filepath.Join(opts.BinDir, k8sbin.Kubectl.Name); fileExists(path) {
+		kubectl = path
+	}
+	s.say("  tessera sandbox kubectl get nodes  # %s with this kubeconfig", kubectl)
 	s.say("")
 	return s, nil
 }
@@ -360,6 +393,17 @@ func (s *Sandbox) partitionConfig() *partition.Config {
 
 // Operators returns the workload operators the sandbox runs (nil for none).
 func (s *Sandbox) Operators() *operators.Set { return s.operators }
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// Kubeconfig is the path of the sandbox's kubeconfig file.
+func (s *Sandbox) Kubeconfig() string { return s.kubeconfig }
+
+// KubeconfigPath is where a sandbox with this state directory writes its
+// kubeconfig while it runs.
+func KubeconfigPath(stateDir string) string { return filepath.Join(stateDir, "kubeconfig") }
 
 // Config returns an admin client configuration for the sandbox's API server.
 func (s *Sandbox) Config() *rest.Config { return s.config }
@@ -369,6 +413,11 @@ func (s *Sandbox) Config() *rest.Config { return s.config }
 func (s *Sandbox) Stop() error {
 	s.say("stopping the sandbox...")
 	var errs []error
+	if s.web != nil {
+		if err := s.web.stop(); err != nil {
+			errs = append(errs, fmt.Errorf("web view: %w", err))
+		}
+	}
 	if s.operators != nil {
 		if err := s.operators.Stop(); err != nil {
 			errs = append(errs, fmt.Errorf("operators: %w", err))

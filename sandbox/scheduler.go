@@ -27,6 +27,7 @@ func startScheduler(ctx context.Context, cfg *rest.Config) (*runningScheduler, e
 	if err != nil {
 		return nil, fmt.Errorf("built-in catalog: %w", err)
 	}
+	scheduler.RegisterMetrics() // as the binary does: served at the sandbox's /metrics
 	ctx, cancel := context.WithCancel(ctx)
 	// As tessera-scheduler runs by default: following the cluster's
 	// WorkloadDefinitions (the sandbox installs their CRD first).

@@ -19,7 +19,7 @@ import (
 	schedclient "github.com/tessera-gpu/tessera/controlplane/client"
 	"github.com/tessera-gpu/tessera/deployments/examples/demo"
 	"github.com/tessera-gpu/tessera/nodeagent/devicename"
-	"github.com/tessera-gpu/tessera/test/simkubelet"
+	"github.com/tessera-gpu/tessera/sandbox/simkubelet"
 )
 
 // DemoResult is the outcome of the demo scenario, for the narration's summary

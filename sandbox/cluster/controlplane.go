@@ -1,11 +1,12 @@
-// Package framework starts a real Kubernetes control plane — etcd,
-// kube-apiserver and kube-controller-manager built from the Go module proxy by
-// hack/build-k8s.sh — on loopback, for tests, benchmarks and the sandbox.
+// Package cluster starts a real Kubernetes control plane — etcd,
+// kube-apiserver and kube-controller-manager of the pinned release, built from
+// the Go module proxy by package k8sbin — on loopback, for the sandbox, the
+// tests and the benchmarks.
 //
 // It is written here rather than taken from controller-runtime's envtest because
 // envtest starts no kube-controller-manager, and the tests need the real
 // resourceclaim, job, replicaset and garbage-collector controllers.
-package framework
+package cluster
 
 import (
 	"context"
@@ -14,7 +15,6 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/pem"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -29,9 +29,11 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	certutil "k8s.io/client-go/util/cert"
+
+	"github.com/tessera-gpu/tessera/sandbox/k8sbin"
 )
 
-// DefaultControllers are the kube-controller-manager controllers the framework
+// DefaultControllers are the kube-controller-manager controllers the control plane
 // runs. The node lifecycle controller is left out on purpose: simulated nodes
 // have no kubelet heartbeat and would be tainted and evicted.
 var DefaultControllers = []string{
@@ -52,7 +54,7 @@ var DefaultControllers = []string{
 }
 
 // FeatureGates are the kube-apiserver and kube-controller-manager feature gates
-// the framework turns on: the DRA features of v1.37 beyond the GA core
+// the control plane turns on: the DRA features of v1.37 beyond the GA core
 // (prioritized lists, device taints and admin access are GA and need no gate).
 // Beta gates that are on by default are named anyway, so that a test run
 // against another release shows a clear "unknown feature gate" error instead
@@ -85,6 +87,9 @@ type Options struct {
 	Dir string
 	// Log receives progress lines (the sandbox prints them); nil for silence.
 	Log func(format string, args ...any)
+	// BinDir holds etcd, kube-apiserver and kube-controller-manager; default
+	// BinDir(ctx).
+	BinDir string
 }
 
 // ControlPlane is a running etcd, kube-apiserver and kube-controller-manager.
@@ -97,7 +102,8 @@ type ControlPlane struct {
 	// Dir holds the state, certificates and the logs (etcd.log,
 	// kube-apiserver.log, kube-controller-manager.log).
 	Dir string
-	// BinDir is where the binaries came from (kube-scheduler is there too).
+	// BinDir is where the binaries came from (kube-scheduler and kubectl
+	// too, when built: framework.BinDir checks for kube-scheduler).
 	BinDir string
 
 	ownDir    bool
@@ -113,8 +119,12 @@ func Start(ctx context.Context, opts Options) (cp *ControlPlane, err error) {
 	if logf == nil {
 		logf = func(string, ...any) {}
 	}
-	binDir, err := BinDir()
-	if err != nil {
+	binDir := opts.BinDir
+	if binDir == "" {
+		if binDir, err = BinDir(ctx); err != nil {
+			return nil, err
+		}
+	} else if err := checkBinaries(binDir, k8sbin.ControlPlane); err != nil {
 		return nil, err
 	}
 	sweepStale()
@@ -308,6 +318,16 @@ func (cp *ControlPlane) waitReady(ctx context.Context, client kubernetes.Interfa
 	return fmt.Errorf("kube-apiserver not ready after 90s (last error: %v); last log lines:\n%s", lastErr, cp.apiserver.logTail(30))
 }
 
+// WaitDefaultServiceAccount waits until the controllers have created the
+// namespace's default service account (pods need it). Without a
+// kube-controller-manager nothing creates it, and it returns at once.
+func (cp *ControlPlane) WaitDefaultServiceAccount(ctx context.Context, client kubernetes.Interface, namespace string) error {
+	if cp.kcm == nil {
+		return nil
+	}
+	return cp.waitDefaultServiceAccount(ctx, client, namespace)
+}
+
 func (cp *ControlPlane) waitDefaultServiceAccount(ctx context.Context, client kubernetes.Interface, namespace string) error {
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
@@ -407,5 +427,3 @@ func freePorts(n int) ([]int, error) {
 	}
 	return ports, nil
 }
-
-var errNoRun = errors.New("framework.Shared needs framework.Run in the package's TestMain")

@@ -1,4 +1,4 @@
-package framework
+package cluster
 
 import (
 	"errors"
@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// process is one control-plane binary started by the framework. Each runs in its
+// process is one control-plane binary started by Start. Each runs in its
 // own process group, and the kernel kills it if the test binary dies (Pdeathsig),
 // so a panicking test does not leave an etcd or API server behind.
 type process struct {

@@ -20,7 +20,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 
-	"github.com/tessera-gpu/tessera/test/framework"
+	"github.com/tessera-gpu/tessera/sandbox/cluster"
 )
 
 // applier applies YAML manifests with server-side apply, as `kubectl apply
@@ -122,7 +122,7 @@ func (a *applier) apply(ctx context.Context, obj *unstructured.Unstructured) err
 }
 
 func (a *applier) waitEstablished(ctx context.Context, name string) error {
-	if err := framework.WaitCRDEstablished(ctx, a.ext, name); err != nil {
+	if err := cluster.WaitCRDEstablished(ctx, a.ext, name); err != nil {
 		return err
 	}
 	a.mapper.Reset()
