@@ -7,6 +7,7 @@ package overview
 import (
 	"math"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -408,10 +409,15 @@ func itoa(n int) string {
 	return resource.NewQuantity(int64(n), resource.DecimalSI).String()
 }
 
+// bytesString shows memory in Gi, with one decimal where it is not whole (an H100
+// 80GB reports 81,559 MiB to NVML: "79.6Gi", not "81559Mi"); below 1Gi in Mi.
 func bytesString(b int64) string {
 	const gi = 1 << 30
-	if b%gi == 0 {
+	switch {
+	case b%gi == 0:
 		return itoa(int(b/gi)) + "Gi"
+	case b >= gi:
+		return strconv.FormatFloat(float64(b)/gi, 'f', 1, 64) + "Gi"
 	}
 	return resource.NewQuantity(b, resource.BinarySI).String()
 }

@@ -157,3 +157,16 @@ func TestBuildCountsWholeMIGAndSharedUse(t *testing.T) {
 		t.Errorf("plain render has ANSI codes")
 	}
 }
+
+func TestBytesString(t *testing.T) {
+	for in, want := range map[int64]string{
+		20 << 30:      "20Gi",
+		81408 << 20:   "79.5Gi", // an H100 80GB as NVML reports it
+		512 << 20:     "512Mi",
+		(3 << 30) / 2: "1.5Gi",
+	} {
+		if got := bytesString(in); got != want {
+			t.Errorf("bytesString(%d) = %q, want %q", in, got, want)
+		}
+	}
+}

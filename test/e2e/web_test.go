@@ -142,7 +142,7 @@ func TestWebViewInBrowser(t *testing.T) {
 	for _, want := range []string{
 		`data-node="gpu-node-0"`, `data-node="gpu-node-1"`, `data-node="gpu-node-2"`, `data-node="gpu-node-3"`,
 		`slices: 1g.10gb×3`, // team B's inference on MIG
-		`Gi of 80Gi`,        // the notebooks' shares
+		`Gi of 79.5Gi`,      // the notebooks' shares (an H100 80GB has 81,408 MiB in the model)
 		`data-queue="research"`, `data-queue="team-a"`, `data-queue="team-b"`,
 		`data-gang="team-a/job-train-a-job" data-phase="Running"`,
 		`data-gang="team-b/job-train-b-job" data-phase="Pending"`,
