@@ -495,4 +495,3 @@ func cmp(s, def string) string {
 	}
 	return s
 }
-
