@@ -17,6 +17,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -171,6 +172,9 @@ func (f *Tools) SetMPSVersion(t testing.TB, v string) {
 // was ever started there).
 func Daemon(pipeDir string) (*state.Daemon, error) {
 	unlock, err := state.Lock(pipeDir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
 	if err != nil {
 		return nil, err
 	}

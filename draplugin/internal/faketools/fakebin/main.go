@@ -41,8 +41,10 @@ package main
 import (
 	"crypto/sha256"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -156,7 +158,15 @@ func mps(args []string) int {
 	if static && !versionAtLeast(13010) {
 		return fail("nvidia-cuda-mps-control: unrecognized option '-S' (static SM partitioning needs version 13010 or later; this is %s)", version())
 	}
+	if daemon {
+		if err := os.MkdirAll(pipeDir, 0o755); err != nil {
+			return fail("nvidia-cuda-mps-control: %v", err)
+		}
+	}
 	unlock, err := state.Lock(pipeDir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return fail("Cannot find MPS control daemon process")
+	}
 	if err != nil {
 		return fail("nvidia-cuda-mps-control: %v", err)
 	}
@@ -402,6 +412,9 @@ func smi(args []string) int {
 	record("nvidia-smi " + strings.Join(args, " "))
 	if failing("fail-smi") {
 		return fail("fake failure")
+	}
+	if err := os.MkdirAll(toolsDir(), 0o755); err != nil {
+		return fail("nvidia-smi: %v", err)
 	}
 	unlock, err := state.Lock(toolsDir())
 	if err != nil {

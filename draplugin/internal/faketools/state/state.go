@@ -95,12 +95,9 @@ type GPU struct {
 	TimeSlice   int    `json:"timeSlice"`
 }
 
-// Lock takes the exclusive lock of dir (creating dir) and returns its
-// release.
+// Lock takes the exclusive lock of dir and returns its release. A missing
+// dir is fs.ErrNotExist.
 func Lock(dir string) (func(), error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
-	}
 	f, err := os.OpenFile(filepath.Join(dir, lockFile), os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
 		return nil, err
