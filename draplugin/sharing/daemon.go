@@ -166,12 +166,15 @@ func RunDaemon(ctx context.Context, ex executor.Executor, spec DaemonSpec, dirs 
 	if poll <= 0 {
 		poll = 5 * time.Second
 	}
-	up, err := alive(ctx, ex, dirs)
+	// A start is finished even when the pod goes meanwhile: then the loop
+	// below quits the daemon at once instead of leaving half of one.
+	start := context.WithoutCancel(ctx)
+	up, err := alive(start, ex, dirs)
 	if err != nil {
 		return err
 	}
 	if !up {
-		if err := StartDaemon(ctx, ex, spec, dirs); err != nil {
+		if err := StartDaemon(start, ex, spec, dirs); err != nil {
 			return err
 		}
 	}
@@ -307,6 +310,34 @@ func (c *Controller) Start(ctx context.Context, spec DaemonSpec) (Daemon, error)
 		}
 	}
 	return d, nil
+}
+
+// Adopt takes over the daemon of a claim prepared by an earlier plugin
+// instance. One that answers keeps running: its limits are read back and
+// set again where they were changed. One that does not answer is launched
+// again without waiting for it (the launcher keeps what it has: a daemon
+// pod that exists restarts its container by itself; a pod that is gone is
+// created again). It reports whether the daemon answered.
+func (c *Controller) Adopt(ctx context.Context, spec DaemonSpec) (bool, []string, error) {
+	if err := spec.Validate(); err != nil {
+		return false, nil, err
+	}
+	dirs := c.Dirs(spec.ID)
+	up, err := alive(ctx, c.Exec, dirs)
+	if err != nil {
+		return false, nil, err
+	}
+	if !up {
+		if err := makeDirs(dirs); err != nil {
+			return false, nil, err
+		}
+		if err := c.Launcher.Launch(ctx, spec, dirs); err != nil {
+			return false, nil, fmt.Errorf("launch MPS control daemon for claim %s again: %w", spec.Claim, err)
+		}
+		return false, nil, nil
+	}
+	corrected, err := c.enforceLimits(ctx, spec, dirs)
+	return true, corrected, err
 }
 
 // enforceLimits reads the daemon's default limits back and sets those that

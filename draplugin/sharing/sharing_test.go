@@ -54,7 +54,7 @@ func TestDaemonLifecycle(t *testing.T) {
 	if d, err := c.Start(ctx, spec2); err != nil || !d.Adopted {
 		t.Fatalf("second start: %+v, %v", d, err)
 	}
-	if calls := tools.Calls(); len(calls) != 2 || len(tools.CallsMatching("-d")) != 0 {
+	if calls := tools.Calls(); len(calls) != 2 || len(tools.CallsMatching("mps-control -d")) != 0 {
 		t.Errorf("adopting ran %q", calls)
 	}
 	if got, _ := c.Daemons(ctx); !reflect.DeepEqual(got, []string{"c1"}) {

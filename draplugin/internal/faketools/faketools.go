@@ -17,7 +17,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -171,10 +170,7 @@ func (f *Tools) SetMPSVersion(t testing.TB, v string) {
 // Daemon returns the state of the daemon of a pipe directory (nil: none
 // was ever started there).
 func Daemon(pipeDir string) (*state.Daemon, error) {
-	unlock, err := state.Lock(pipeDir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
+	unlock, err := state.LockDaemon(pipeDir)
 	if err != nil {
 		return nil, err
 	}
@@ -192,7 +188,7 @@ func Alive(pipeDir string) bool {
 // killer would: it stops answering, and its control pipe and PID file stay
 // behind.
 func KillDaemon(pipeDir string) error {
-	unlock, err := state.Lock(pipeDir)
+	unlock, err := state.LockDaemon(pipeDir)
 	if err != nil {
 		return err
 	}
@@ -286,7 +282,7 @@ func Connect(c Container) (Client, error) {
 	if _, err := os.Stat(filepath.Join(host, state.ControlPipe)); err != nil {
 		return Client{}, nil
 	}
-	unlock, err := state.Lock(host)
+	unlock, err := state.LockDaemon(host)
 	if err != nil {
 		return Client{}, err
 	}
@@ -366,17 +362,17 @@ func mib(s string) int64 {
 	return n * mult >> 20
 }
 
-// Daemons lists the pipe directories under root (recursively) that hold a
-// fake daemon's state and whether it is alive.
+// Daemons lists the pipe directories under root that ever had a fake
+// daemon, and whether it is alive.
 func Daemons(root string) map[string]bool {
 	out := map[string]bool{}
-	_ = filepath.WalkDir(root, func(p string, e os.DirEntry, err error) error {
-		if err == nil && !e.IsDir() && e.Name() == ".fake-mps-daemon.json" {
-			dir := filepath.Dir(p)
+	dirs, _ := state.PipeDirs()
+	root = filepath.Clean(root)
+	for _, dir := range dirs {
+		if strings.HasPrefix(dir, root+string(filepath.Separator)) {
 			out[dir] = Alive(dir)
 		}
-		return nil
-	})
+	}
 	return out
 }
 

@@ -158,15 +158,10 @@ func mps(args []string) int {
 	if static && !versionAtLeast(13010) {
 		return fail("nvidia-cuda-mps-control: unrecognized option '-S' (static SM partitioning needs version 13010 or later; this is %s)", version())
 	}
-	if daemon {
-		if err := os.MkdirAll(pipeDir, 0o755); err != nil {
-			return fail("nvidia-cuda-mps-control: %v", err)
-		}
-	}
-	unlock, err := state.Lock(pipeDir)
-	if errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Stat(pipeDir); !daemon && errors.Is(err, fs.ErrNotExist) {
 		return fail("Cannot find MPS control daemon process")
 	}
+	unlock, err := state.LockDaemon(pipeDir)
 	if err != nil {
 		return fail("nvidia-cuda-mps-control: %v", err)
 	}

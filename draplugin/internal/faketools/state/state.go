@@ -1,13 +1,17 @@
-// Package state is the on-disk state of the fake NVIDIA tools: the fake
-// nvidia-cuda-mps-control keeps each control daemon's state in its pipe
-// directory (where the real daemon keeps its sockets), the fake nvidia-smi
-// keeps the GPUs' compute mode and time slice in the tools directory. Both
-// the fake binary and the test helpers read and write it under a file lock,
-// so a "daemon" outlives the plugin process that started it, as a real one
-// does, and tests can look at it or kill it.
+// Package state is the on-disk state of the fake NVIDIA tools, in the
+// tools directory ($FAKE_TOOLS_DIR): each fake control daemon's state,
+// keyed by its pipe directory (in which it creates the files the real
+// daemon creates), and the GPUs' compute mode and time slice of the fake
+// nvidia-smi. Both the fake binary and the test helpers read and write it
+// under a file lock, so a "daemon" outlives the plugin process that
+// started it, as a real one does, and tests can look at it or kill it.
+// Keeping it out of the pipe directory means that whoever cleans a stale
+// pipe directory (everything in it) does not erase the fake's memory.
 package state
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,13 +28,32 @@ import (
 const (
 	ControlPipe = "control"
 	PIDFile     = "nvidia-cuda-mps-control.pid"
-	daemonFile  = ".fake-mps-daemon.json"
-	lockFile    = ".fake-mps.lock"
+	daemonsDir  = "daemons"
+	lockFile    = ".fake.lock"
 	smiFile     = "fake-nvidia-smi.json"
 )
 
+// ToolsDir is where the state lives.
+func ToolsDir() string { return os.Getenv("FAKE_TOOLS_DIR") }
+
+func daemonKey(pipeDir string) string {
+	sum := sha256.Sum256([]byte(filepath.Clean(pipeDir)))
+	return hex.EncodeToString(sum[:12])
+}
+
+// LockDaemon takes the lock of the daemon state of a pipe directory.
+func LockDaemon(pipeDir string) (func(), error) {
+	dir := filepath.Join(ToolsDir(), daemonsDir)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	return lockPath(filepath.Join(dir, daemonKey(pipeDir)+".lock"))
+}
+
 // Daemon is one fake MPS control daemon.
 type Daemon struct {
+	// PipeDir is the daemon's pipe directory.
+	PipeDir string `json:"pipeDir"`
 	// Alive is false once the daemon quit or was killed; a killed daemon
 	// leaves its control pipe and PID file behind (a stale pipe).
 	Alive bool `json:"alive"`
@@ -97,8 +120,10 @@ type GPU struct {
 
 // Lock takes the exclusive lock of dir and returns its release. A missing
 // dir is fs.ErrNotExist.
-func Lock(dir string) (func(), error) {
-	f, err := os.OpenFile(filepath.Join(dir, lockFile), os.O_CREATE|os.O_RDWR, 0o644)
+func Lock(dir string) (func(), error) { return lockPath(filepath.Join(dir, lockFile)) }
+
+func lockPath(path string) (func(), error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
 		return nil, err
 	}
@@ -110,19 +135,36 @@ func Lock(dir string) (func(), error) {
 }
 
 // LoadDaemon reads the daemon state of a pipe directory; nil when no
-// daemon was ever started there. Caller holds Lock(pipeDir).
+// daemon was ever started there. Caller holds LockDaemon(pipeDir).
 func LoadDaemon(pipeDir string) (*Daemon, error) {
 	var d Daemon
-	ok, err := load(filepath.Join(pipeDir, daemonFile), &d)
+	ok, err := load(filepath.Join(ToolsDir(), daemonsDir, daemonKey(pipeDir)+".json"), &d)
 	if !ok {
 		return nil, err
 	}
 	return &d, err
 }
 
-// SaveDaemon writes the daemon state. Caller holds Lock(pipeDir).
+// SaveDaemon writes the daemon state. Caller holds LockDaemon(pipeDir).
 func SaveDaemon(pipeDir string, d *Daemon) error {
-	return save(filepath.Join(pipeDir, daemonFile), d)
+	d.PipeDir = filepath.Clean(pipeDir)
+	return save(filepath.Join(ToolsDir(), daemonsDir, daemonKey(pipeDir)+".json"), d)
+}
+
+// PipeDirs lists the pipe directories that ever had a daemon.
+func PipeDirs() ([]string, error) {
+	paths, err := filepath.Glob(filepath.Join(ToolsDir(), daemonsDir, "*.json"))
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, p := range paths {
+		var d Daemon
+		if ok, err := load(p, &d); ok && err == nil {
+			out = append(out, d.PipeDir)
+		}
+	}
+	return out, nil
 }
 
 // LoadGPUs reads the fake nvidia-smi's state. Caller holds Lock(dir).
