@@ -280,11 +280,12 @@ func (c *Controller) Start(ctx context.Context, spec DaemonSpec) (Daemon, error)
 	if err := makeDirs(dirs); err != nil {
 		return d, err
 	}
-	up, err := alive(ctx, c.Exec, dirs)
+	// A daemon that answers is asked for its limits in the same call.
+	up, corrected, err := c.checkLimits(ctx, spec, dirs)
 	if err != nil {
 		return d, err
 	}
-	d.Adopted = up
+	d.Adopted, d.Corrected = up, corrected
 	if !up {
 		if err := c.Launcher.Launch(ctx, spec, dirs); err != nil {
 			return d, fmt.Errorf("launch MPS control daemon for claim %s: %w", spec.Claim, err)
@@ -300,9 +301,9 @@ func (c *Controller) Start(ctx context.Context, spec DaemonSpec) (Daemon, error)
 		if !up {
 			return d, fmt.Errorf("the MPS control daemon of claim %s does not answer on %s after %s (%s)", spec.Claim, dirs.Pipe, timeout, c.Launcher.Describe(ctx, spec.ID))
 		}
-	}
-	if d.Corrected, err = c.enforceLimits(ctx, spec, dirs); err != nil {
-		return d, err
+		if _, d.Corrected, err = c.checkLimits(ctx, spec, dirs); err != nil {
+			return d, err
+		}
 	}
 	if spec.StaticPartitioning {
 		if d.SMPartition, d.SMPartitionChunks, err = c.partition(ctx, spec, dirs); err != nil {
@@ -323,27 +324,28 @@ func (c *Controller) Adopt(ctx context.Context, spec DaemonSpec) (bool, []string
 		return false, nil, err
 	}
 	dirs := c.Dirs(spec.ID)
-	up, err := alive(ctx, c.Exec, dirs)
-	if err != nil {
+	up, corrected, err := c.checkLimits(ctx, spec, dirs)
+	if err != nil || up {
+		return up, corrected, err
+	}
+	if err := makeDirs(dirs); err != nil {
 		return false, nil, err
 	}
-	if !up {
-		if err := makeDirs(dirs); err != nil {
-			return false, nil, err
-		}
-		if err := c.Launcher.Launch(ctx, spec, dirs); err != nil {
-			return false, nil, fmt.Errorf("launch MPS control daemon for claim %s again: %w", spec.Claim, err)
-		}
-		return false, nil, nil
+	if err := c.Launcher.Launch(ctx, spec, dirs); err != nil {
+		return false, nil, fmt.Errorf("launch MPS control daemon for claim %s again: %w", spec.Claim, err)
 	}
-	corrected, err := c.enforceLimits(ctx, spec, dirs)
-	return true, corrected, err
+	return false, nil, nil
 }
 
-// enforceLimits reads the daemon's default limits back and sets those that
-// differ from the spec (a daemon adopted after someone changed it through
-// its control pipe). It returns what it corrected.
-func (c *Controller) enforceLimits(ctx context.Context, spec DaemonSpec, dirs Dirs) ([]string, error) {
+// checkLimits asks the daemon on dirs, in one call, for its default limits
+// (and its servers, which makes the call a liveness check too) and sets
+// those that differ from the spec (a daemon adopted after someone changed
+// it through its control pipe). It reports whether the daemon answered and
+// what it corrected. No control pipe: not running, nothing asked.
+func (c *Controller) checkLimits(ctx context.Context, spec DaemonSpec, dirs Dirs) (bool, []string, error) {
+	if _, err := os.Stat(filepath.Join(dirs.Pipe, controlPipe)); errors.Is(err, fs.ErrNotExist) {
+		return false, nil, nil
+	}
 	cmds := []string{}
 	if !spec.StaticPartitioning {
 		cmds = append(cmds, "get_default_active_thread_percentage")
@@ -351,14 +353,26 @@ func (c *Controller) enforceLimits(ctx context.Context, spec DaemonSpec, dirs Di
 	for i := range spec.Devices {
 		cmds = append(cmds, "get_default_device_pinned_mem_limit "+strconv.Itoa(i))
 	}
-	out, err := c.Exec.Run(ctx, mpsCommand(dirs, cmds...))
+	// Last: its answer (one server PID per line) has no fixed length.
+	out, err := c.Exec.Run(ctx, mpsCommand(dirs, append(cmds, "get_server_list")...))
 	if err != nil {
-		return nil, fmt.Errorf("read the limits of the MPS control daemon of claim %s: %w", spec.Claim, err)
+		var exit *exec.ExitError
+		if errors.As(err, &exit) || errors.Is(err, context.DeadlineExceeded) {
+			return false, nil, nil
+		}
+		return false, nil, fmt.Errorf("ask MPS control daemon on %s: %w", dirs.Pipe, err)
 	}
 	lines := strings.Fields(string(out))
-	if len(lines) != len(cmds) {
-		return nil, fmt.Errorf("read the limits of the MPS control daemon of claim %s: %d answers to %d commands: %q", spec.Claim, len(lines), len(cmds), out)
+	if len(lines) < len(cmds) {
+		return true, nil, fmt.Errorf("read the limits of the MPS control daemon of claim %s: %d answers to %d questions: %q", spec.Claim, len(lines), len(cmds), out)
 	}
+	corrected, err := c.setBack(ctx, spec, dirs, lines[:len(cmds)])
+	return true, corrected, err
+}
+
+// setBack compares the daemon's answers with the spec and sets what
+// differs.
+func (c *Controller) setBack(ctx context.Context, spec DaemonSpec, dirs Dirs, lines []string) ([]string, error) {
 	var fix, corrected []string
 	if !spec.StaticPartitioning {
 		want := float64(100)
