@@ -578,7 +578,7 @@ func (p *Plugin) apply(ctx context.Context, rec *checkpoint.Claim, report *claim
 	if err != nil {
 		return fmt.Errorf("claim %s: encode record: %w", ref, err)
 	}
-	if _, err := p.cdi.Write(rec.UID, raw, cdiDevices, claimEdits); err != nil {
+	if _, err := p.cdi.WriteClaim(rec.UID, raw, cdiDevices, claimEdits); err != nil {
 		return err
 	}
 	p.opts.crashPoint("cdi-written")

@@ -152,11 +152,16 @@ func (w *Writer) SpecPath(claimUID types.UID) string {
 }
 
 // Write validates and writes the claim's spec, replacing an older one.
-// record is stored as the ClaimAnnotation. claimEdits are spec-level: a
-// container that gets any device of the claim gets them once (the claim's
-// MPS daemon: its pipe directory and shared memory). It returns each
-// device's claim CDI ID (the base ID goes with each of them).
-func (w *Writer) Write(claimUID types.UID, record []byte, devices []Device, claimEdits cdispec.ContainerEdits) ([]string, error) {
+// record is stored as the ClaimAnnotation. It returns each device's claim
+// CDI ID (the base ID goes with each of them).
+func (w *Writer) Write(claimUID types.UID, record []byte, devices []Device) ([]string, error) {
+	return w.WriteClaim(claimUID, record, devices, cdispec.ContainerEdits{})
+}
+
+// WriteClaim is Write with claim-level edits: spec-level, so a container
+// that gets any device of the claim gets them once (the claim's MPS
+// daemon: its pipe directory and shared memory).
+func (w *Writer) WriteClaim(claimUID types.UID, record []byte, devices []Device, claimEdits cdispec.ContainerEdits) ([]string, error) {
 	spec := &cdispec.Spec{
 		Kind:           Kind,
 		Annotations:    map[string]string{ClaimAnnotation: string(record)},

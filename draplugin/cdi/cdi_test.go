@@ -173,7 +173,7 @@ func TestSpecsAsTheRuntimeSeesThem(t *testing.T) {
 		Mounts: []*cdispec.Mount{MountEdit(Mount{HostPath: "/run/tessera/mps/claims/x/pipe", ContainerPath: "/tmp/nvidia-mps"})},
 	}
 	uid := types.UID("0b7d3c6e-1111-2222-3333-444455556666")
-	ids, err := w.Write(uid, []byte(`{"uid":"x"}`), []Device{{Name: "gpu-0", Edits: whole}, {Name: "gpu-1-mig-1g-10gb-2", Edits: mig}, {Name: "gpu-0-shared-a", Edits: share}}, claimEdits)
+	ids, err := w.WriteClaim(uid, []byte(`{"uid":"x"}`), []Device{{Name: "gpu-0", Edits: whole}, {Name: "gpu-1-mig-1g-10gb-2", Edits: mig}, {Name: "gpu-0-shared-a", Edits: share}}, claimEdits)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -295,7 +295,7 @@ func TestWriteRejectsInvalid(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = w.Write("uid", nil, []Device{{Name: "bad name!", Edits: cdispec.ContainerEdits{DeviceNodes: []*cdispec.DeviceNode{{Path: "/dev/nvidia0", Type: "c", Major: 195}}}}}, cdispec.ContainerEdits{})
+	_, err = w.Write("uid", nil, []Device{{Name: "bad name!", Edits: cdispec.ContainerEdits{DeviceNodes: []*cdispec.DeviceNode{{Path: "/dev/nvidia0", Type: "c", Major: 195}}}}})
 	if err == nil || !strings.Contains(err.Error(), "uid") {
 		t.Fatalf("err = %v, want a validation error naming the claim", err)
 	}
