@@ -514,9 +514,18 @@ func TestRBAC(t *testing.T) {
 		{"list", rs, "resourceclaims", other, "", false},
 		{"watch", rs, "resourceclaims", other, "", false},
 		{"update", rs, "resourceclaims", other, "x", false},
-		{"update", rs, "resourceclaims/status", other, "x", false},
+		// status.devices only (the API server checks the driver verb and
+		// the node; allocation takes resourceclaims/binding).
+		{"update", rs, "resourceclaims/status", other, "x", true},
+		{"associated-node:update", rs, "resourceclaims/driver", other, "gpu.tessera.dev", true},
+		{"associated-node:update", rs, "resourceclaims/driver", other, "gpu.nvidia.com", false},
+		{"arbitrary-node:update", rs, "resourceclaims/driver", other, "gpu.tessera.dev", false},
 		{"update", rs, "resourceclaims/binding", other, "x", false},
-		// No pod may be written by it in any way.
+		// Pods: only its MPS daemon pods, in its own namespace (the
+		// admission policy narrows them further), and nothing else.
+		{"create", "", "pods", ns, "", true},
+		{"delete", "", "pods", ns, "x", true},
+		{"update", "", "pods", ns, "x", false},
 		{"create", "", "pods", other, "", false},
 		{"update", "", "pods", other, "x", false},
 		{"patch", "", "pods", other, "x", false},
