@@ -13,12 +13,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/sets"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
@@ -75,12 +77,11 @@ type Config struct {
 	// VolumeBindTimeout bounds Bind's wait for the PV controller. Default 10 minutes (the
 	// kube-scheduler's default).
 	VolumeBindTimeout time.Duration
-	// ExtendedResources maps extended resource names to DeviceClasses (DRA extended
-	// resources): NodeResourcesFit leaves such a resource to DRA on nodes that do not
-	// advertise it. Nil: no mapping.
-	ExtendedResources fwk.DeviceClassResolver
 	// Features of the plugins; nil: from the kube-scheduler feature gates' defaults.
 	Features *feature.Features
+	// Plugins, when not nil, restricts the plugins to these names (benchmarks measure the
+	// filters' cost with an empty list). Nil: all of them.
+	Plugins []string
 }
 
 // Filters is a set of instantiated filter plugins. Searches on it are serialised (Begin
@@ -111,9 +112,9 @@ func New(ctx context.Context, cfg Config) (*Filters, error) {
 	}
 	f := &Filters{lister: &currentView{}, plugins: map[string]fwk.Plugin{}}
 	h := &handle{lister: f.lister, informers: cfg.Informers, client: cfg.Client, parallelizer: parallelize.NewParallelizer(parallelize.DefaultParallelism)}
-	if cfg.ExtendedResources != nil {
-		h.dra = draManager{cfg.ExtendedResources}
-	}
+	// NodeResourcesFit leaves an extended resource that a DeviceClass maps (DRA extended
+	// resources) to DRA on nodes that do not advertise it; the mapping is the view's.
+	h.dra = draManager{f.lister}
 	if cfg.Volumes {
 		h.csi = nodevolumelimits.NewCSIManager(cfg.Informers.Storage().V1().CSINodes().Lister())
 	}
@@ -158,6 +159,9 @@ func New(ctx context.Context, cfg Config) (*Filters, error) {
 	add := func(list []string, into *[]fwk.FilterPlugin) error {
 		for _, name := range list {
 			if volumePlugins.Has(name) && !cfg.Volumes {
+				continue
+			}
+			if cfg.Plugins != nil && !slices.Contains(cfg.Plugins, name) {
 				continue
 			}
 			p, err := factories[name](ctx, args[name], h, fts)
@@ -216,13 +220,15 @@ type Session struct {
 	// stack are the pods assumed in this session (tentative placements), with their states.
 	stack []stackEntry
 	base  int // view.Assumed() when the session began
+	nextID uint64
 	// volumeGen counts volume reservations and their reverts: the volume binder's PreFilter
 	// state lists the available PersistentVolumes, so it is recomputed when this changed.
 	volumeGen int
 }
 
 type stackEntry struct {
-	pod      *v1.Pod // as assumed, with spec.nodeName
+	id       uint64 // unique within the session
+	node     string
 	state    *PodState
 	reserved bool
 }
@@ -253,7 +259,10 @@ type PodState struct {
 	// rejected is set when PreFilter found the pod unschedulable everywhere.
 	rejected *fwk.Status
 	// applied are the stack entries whose AddPod has been run on state, in order.
-	applied []*v1.Pod
+	applied []appliedEntry
+	// info is the pod parsed once (with the node of its current tentative placement), for
+	// the view and the other pods' AddPod/RemovePod.
+	info *framework.PodInfo
 	volumes bool
 	// volumeGen is the session's volumeGen when VolumeBinding's PreFilter last ran.
 	volumeGen int
@@ -302,7 +311,7 @@ func (s *Session) Prepare(pod *v1.Pod) (*PodState, error) {
 	ps.volumeGen = s.volumeGen
 	// The pods this session assumed before Prepare are in the view already.
 	for _, e := range s.stack {
-		ps.applied = append(ps.applied, e.pod)
+		ps.applied = append(ps.applied, appliedEntry{id: e.id, state: e.state, node: e.node})
 	}
 	return ps, nil
 }
@@ -366,20 +375,23 @@ func (s *Session) run(ps *PodState, node string, plugins []fwk.FilterPlugin) str
 	return ""
 }
 
+// appliedEntry is a stack entry as applied to some pod's PreFilter state.
+type appliedEntry struct {
+	id    uint64
+	state *PodState
+	node  string
+}
+
 // sync brings the pod's PreFilter state up to date with the session's stack: RemovePod for
 // entries that were taken back, AddPod for new ones (the framework's PreFilterExtensions).
 func (s *Session) sync(ps *PodState) error {
 	common := 0
-	for common < len(ps.applied) && common < len(s.stack) && ps.applied[common] == s.stack[common].pod {
+	for common < len(ps.applied) && common < len(s.stack) && ps.applied[common].id == s.stack[common].id {
 		common++
 	}
 	skip := ps.state.GetSkipFilterPlugins()
-	call := func(p *v1.Pod, add bool) error {
-		info, err := framework.NewPodInfo(p)
-		if err != nil {
-			return err
-		}
-		ni := s.view.Node(p.Spec.NodeName)
+	call := func(e appliedEntry, add bool) error {
+		ni := s.view.Node(e.node)
 		for _, pl := range s.f.pre {
 			ext := pl.PreFilterExtensions()
 			if ext == nil || skip.Has(pl.Name()) {
@@ -387,12 +399,12 @@ func (s *Session) sync(ps *PodState) error {
 			}
 			var st *fwk.Status
 			if add {
-				st = ext.AddPod(s.ctx, ps.state, ps.Pod, info, ni)
+				st = ext.AddPod(s.ctx, ps.state, ps.Pod, e.state.info, ni)
 			} else {
-				st = ext.RemovePod(s.ctx, ps.state, ps.Pod, info, ni)
+				st = ext.RemovePod(s.ctx, ps.state, ps.Pod, e.state.info, ni)
 			}
 			if !st.IsSuccess() {
-				return fmt.Errorf("%s of pod %s for %s: %w", pl.Name(), klog.KObj(p), klog.KObj(ps.Pod), st.AsError())
+				return fmt.Errorf("%s of pod %s for %s: %w", pl.Name(), klog.KObj(e.state.Pod), klog.KObj(ps.Pod), st.AsError())
 			}
 		}
 		return nil
@@ -404,10 +416,11 @@ func (s *Session) sync(ps *PodState) error {
 	}
 	ps.applied = ps.applied[:common]
 	for i := common; i < len(s.stack); i++ {
-		if err := call(s.stack[i].pod, true); err != nil {
+		e := appliedEntry{id: s.stack[i].id, state: s.stack[i].state, node: s.stack[i].node}
+		if err := call(e, true); err != nil {
 			return err
 		}
-		ps.applied = append(ps.applied, s.stack[i].pod)
+		ps.applied = append(ps.applied, e)
 	}
 	return nil
 }
@@ -416,7 +429,8 @@ func (s *Session) sync(ps *PodState) error {
 // the volume binder assumes the volumes chosen by the last DynamicFilter of ps on node. A
 // volume assumption that fails is returned as a reason (the node does not fit after all).
 func (s *Session) Assume(ps *PodState, node string) (string, error) {
-	entry := stackEntry{state: ps}
+	s.nextID++
+	entry := stackEntry{id: s.nextID, node: node, state: ps}
 	if ps.volumes {
 		if st := s.f.volumes.Reserve(s.ctx, ps.state, ps.Pod, node); !st.IsSuccess() {
 			return "volumes: " + statusMessage(st), nil
@@ -424,14 +438,24 @@ func (s *Session) Assume(ps *PodState, node string) (string, error) {
 		entry.reserved = true
 		s.volumeGen++
 	}
-	if err := s.view.Assume(ps.Pod, node); err != nil {
+	if ps.info == nil {
+		p := ps.Pod.DeepCopy()
+		info, err := framework.NewPodInfo(p)
+		if err != nil {
+			return "", fmt.Errorf("pod %s: %w", klog.KObj(ps.Pod), err)
+		}
+		ps.info = info
+	}
+	// The pod is in no node now (a pod is placed at most once at a time): its copy can
+	// carry the new node.
+	ps.info.Pod.Spec.NodeName = node
+	if err := s.view.assumeInfo(ps.info, node); err != nil {
 		if entry.reserved {
 			s.f.volumes.Unreserve(s.ctx, ps.state, ps.Pod, node)
 			s.volumeGen++
 		}
 		return "", err
 	}
-	entry.pod = s.view.assumedPod(s.view.Assumed() - 1)
 	s.stack = append(s.stack, entry)
 	return "", nil
 }
@@ -441,7 +465,7 @@ func (s *Session) Forget() {
 	e := s.stack[len(s.stack)-1]
 	s.stack = s.stack[:len(s.stack)-1]
 	if e.reserved {
-		s.f.volumes.Unreserve(s.ctx, e.state.state, e.state.Pod, e.pod.Spec.NodeName)
+		s.f.volumes.Unreserve(s.ctx, e.state.state, e.state.Pod, e.node)
 		s.volumeGen++
 	}
 	if err := s.view.Forget(klog.FromContext(s.ctx)); err != nil {
@@ -552,11 +576,20 @@ func (h *handle) Parallelizer() fwk.Parallelizer                         { retur
 func (h *handle) SharedDRAManager() fwk.SharedDRAManager                 { return h.dra }
 func (h *handle) SharedCSIManager() fwk.CSIManager                       { return h.csi }
 
-// draManager offers only the extended-resource mapping (NodeResourcesFit's use); claims,
-// slices and classes are the solver's business.
-type draManager struct{ resolver fwk.DeviceClassResolver }
+// draManager offers only the extended-resource mapping of the current view
+// (NodeResourcesFit's use); claims, slices and classes are the solver's business.
+type draManager struct{ lister *currentView }
 
-func (d draManager) ResourceClaims() fwk.ResourceClaimTracker     { return nil }
-func (d draManager) ResourceSlices() fwk.ResourceSliceLister      { return nil }
-func (d draManager) DeviceClasses() fwk.DeviceClassLister         { return nil }
-func (d draManager) DeviceClassResolver() fwk.DeviceClassResolver { return d.resolver }
+func (d draManager) ResourceClaims() fwk.ResourceClaimTracker { return nil }
+func (d draManager) ResourceSlices() fwk.ResourceSliceLister  { return nil }
+func (d draManager) DeviceClasses() fwk.DeviceClassLister     { return nil }
+func (d draManager) DeviceClassResolver() fwk.DeviceClassResolver {
+	if d.lister.view == nil || d.lister.view.extended == nil {
+		return noClasses{}
+	}
+	return d.lister.view.extended
+}
+
+type noClasses struct{}
+
+func (noClasses) GetDeviceClass(v1.ResourceName) *resourceapi.DeviceClass { return nil }

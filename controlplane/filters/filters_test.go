@@ -33,7 +33,7 @@ func node(name string, labels map[string]string) *v1.Node {
 func pod(name string, mutate ...func(*v1.Pod)) *v1.Pod {
 	p := &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID("uid-" + name), Labels: map[string]string{"app": "train"}},
-		Spec: v1.PodSpec{Containers: []v1.Container{{Name: "c", Resources: v1.ResourceRequirements{Requests: v1.ResourceList{v1.ResourceCPU: resource.MustParse("1")}}}}},
+		Spec:       v1.PodSpec{Containers: []v1.Container{{Name: "c", Resources: v1.ResourceRequirements{Requests: v1.ResourceList{v1.ResourceCPU: resource.MustParse("1")}}}}},
 	}
 	for _, m := range mutate {
 		m(p)
@@ -103,10 +103,7 @@ func place(t *testing.T, s *Session, p *v1.Pod, node string) *PodState {
 
 func TestTentativePodsCountForAntiAffinity(t *testing.T) {
 	e := newEnv(t, false)
-	view, err := NewView([]*v1.Node{node("n1", nil), node("n2", nil)}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	view := NewView([]*v1.Node{node("n1", nil), node("n2", nil)}, nil, nil)
 	s := e.filters.Begin(e.ctx, view)
 	defer s.End()
 	a, b := pod("a", antiAffinity), pod("b", antiAffinity)
@@ -135,10 +132,7 @@ func TestTentativePodsCountForSpreadAndPorts(t *testing.T) {
 		node("a1", map[string]string{"rack": "a"}), node("a2", map[string]string{"rack": "a"}),
 		node("b1", map[string]string{"rack": "b"}),
 	}
-	view, err := NewView(nodes, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	view := NewView(nodes, nil, nil)
 	s := e.filters.Begin(e.ctx, view)
 	defer s.End()
 	spread := func(p *v1.Pod) {
@@ -175,10 +169,7 @@ func TestStaticFiltersAreTheKubeSchedulers(t *testing.T) {
 	cordoned.Spec.Unschedulable = true
 	small := node("small", nil)
 	small.Status.Allocatable[v1.ResourceCPU] = resource.MustParse("500m")
-	view, err := NewView([]*v1.Node{tainted, cordoned, small, node("plain", map[string]string{"zone": "z1"})}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	view := NewView([]*v1.Node{tainted, cordoned, small, node("plain", map[string]string{"zone": "z1"})}, nil, nil)
 	s := e.filters.Begin(e.ctx, view)
 	defer s.End()
 	ps, err := s.Prepare(pod("p", func(p *v1.Pod) { p.Spec.NodeSelector = map[string]string{"zone": "z1"} }))
@@ -252,10 +243,7 @@ func withPVC(name string) func(*v1.Pod) {
 // the first pod's volume is assumed on n1, the second pod no longer fits n1.
 func TestTentativeVolumeBindings(t *testing.T) {
 	e := newEnv(t, true, wffcClass(), localPV("pv-n1", "n1"), localPV("pv-n2", "n2"), pvc("data-0"), pvc("data-1"))
-	view, err := NewView([]*v1.Node{node("n1", nil), node("n2", nil), node("n3", nil)}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	view := NewView([]*v1.Node{node("n1", nil), node("n2", nil), node("n3", nil)}, nil, nil)
 	s := e.filters.Begin(e.ctx, view)
 	defer s.End()
 	p0, p1 := pod("p0", withPVC("data-0")), pod("p1", withPVC("data-1"))

@@ -27,11 +27,18 @@ type View struct {
 	// pvcRefs counts, per "namespace/name", the pods on nodes that use the PVC.
 	pvcRefs map[string]int
 	// assumed is the stack of pods added by Assume.
-	assumed []*v1.Pod
+	assumed []assumedPod
 	// lists are derived from nodes and rebuilt when dirty.
 	dirty                                    bool
 	withAffinity, withRequiredAnti, withWide []fwk.NodeInfo
+	// extended maps extended resource names to DeviceClasses (DRA extended resources).
+	extended fwk.DeviceClassResolver
 }
+
+// SetExtendedResources sets the DeviceClass mapping of extended resources that
+// NodeResourcesFit consults (a resource a class maps is left to DRA on nodes that do not
+// advertise it).
+func (v *View) SetExtendedResources(r fwk.DeviceClassResolver) { v.extended = r }
 
 var _ fwk.SharedLister = (*View)(nil)
 
@@ -96,7 +103,7 @@ func (c *PodInfoCache) sweep() {
 
 // NewView builds the view of nodes and the non-terminal pods bound to them (pods of unknown
 // nodes are left out, as the kube-scheduler's cache does). cache may be nil.
-func NewView(nodes []*v1.Node, pods []*v1.Pod, cache *PodInfoCache) (*View, error) {
+func NewView(nodes []*v1.Node, pods []*v1.Pod, cache *PodInfoCache) *View {
 	v := &View{byName: make(map[string]*framework.NodeInfo, len(nodes)), pvcRefs: map[string]int{}, dirty: true}
 	sorted := append([]*v1.Node(nil), nodes...)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Name < sorted[j].Name })
@@ -116,7 +123,7 @@ func NewView(nodes []*v1.Node, pods []*v1.Pod, cache *PodInfoCache) (*View, erro
 		}
 		info, err := cache.get(p)
 		if err != nil {
-			return nil, fmt.Errorf("pod %s: %w", klog.KObj(p), err)
+			continue // only for a nil pod
 		}
 		ni.AddPodInfo(info)
 		for key := range framework.PodPVCKeys(p) {
@@ -124,7 +131,7 @@ func NewView(nodes []*v1.Node, pods []*v1.Pod, cache *PodInfoCache) (*View, erro
 		}
 	}
 	cache.sweep()
-	return v, nil
+	return v
 }
 
 // Node returns the NodeInfo of a node, or nil.
@@ -132,23 +139,33 @@ func (v *View) Node(name string) *framework.NodeInfo { return v.byName[name] }
 
 // Assume adds pod to node (a copy with spec.nodeName set is stored).
 func (v *View) Assume(pod *v1.Pod, node string) error {
-	ni := v.byName[node]
-	if ni == nil {
-		return fmt.Errorf("node %s is not in the view", node)
-	}
 	p := pod.DeepCopy()
 	p.Spec.NodeName = node
 	info, err := framework.NewPodInfo(p)
 	if err != nil {
 		return fmt.Errorf("pod %s: %w", klog.KObj(pod), err)
 	}
+	return v.assumeInfo(info, node)
+}
+
+// assumeInfo adds a parsed pod to node. The pod's spec.nodeName must be node.
+func (v *View) assumeInfo(info *framework.PodInfo, node string) error {
+	ni := v.byName[node]
+	if ni == nil {
+		return fmt.Errorf("node %s is not in the view", node)
+	}
 	ni.AddPodInfo(info)
-	for key := range framework.PodPVCKeys(p) {
+	for key := range framework.PodPVCKeys(info.Pod) {
 		v.pvcRefs[key]++
 	}
-	v.assumed = append(v.assumed, p)
+	v.assumed = append(v.assumed, assumedPod{pod: info.Pod, node: node})
 	v.dirty = true
 	return nil
+}
+
+type assumedPod struct {
+	pod  *v1.Pod
+	node string
 }
 
 // Forget takes back the pod assumed last.
@@ -156,12 +173,12 @@ func (v *View) Forget(logger klog.Logger) error {
 	if len(v.assumed) == 0 {
 		return fmt.Errorf("no assumed pod to forget")
 	}
-	p := v.assumed[len(v.assumed)-1]
+	a := v.assumed[len(v.assumed)-1]
 	v.assumed = v.assumed[:len(v.assumed)-1]
-	if err := v.byName[p.Spec.NodeName].RemovePod(logger, p); err != nil {
-		return fmt.Errorf("forget pod %s: %w", klog.KObj(p), err)
+	if err := v.byName[a.node].RemovePod(logger, a.pod); err != nil {
+		return fmt.Errorf("forget pod %s: %w", klog.KObj(a.pod), err)
 	}
-	for key := range framework.PodPVCKeys(p) {
+	for key := range framework.PodPVCKeys(a.pod) {
 		if v.pvcRefs[key]--; v.pvcRefs[key] <= 0 {
 			delete(v.pvcRefs, key)
 		}
@@ -172,9 +189,6 @@ func (v *View) Forget(logger klog.Logger) error {
 
 // Assumed is how many pods Assume added and Forget did not take back.
 func (v *View) Assumed() int { return len(v.assumed) }
-
-// assumedPod returns the i-th assumed pod (with its node set).
-func (v *View) assumedPod(i int) *v1.Pod { return v.assumed[i] }
 
 func (v *View) rebuildLists() {
 	if !v.dirty {

@@ -155,7 +155,7 @@ func (s *Scheduler) cycle(ctx context.Context) {
 				starving.key, time.Since(starvingSince).Round(time.Second))
 			continue
 		}
-		sig := s.solver.Signature(g.gang)
+		sig := s.solver.Signature(snap, g.gang)
 		if msg, failed := failedShapes[sig]; failed {
 			// An identical gang did not fit earlier in this cycle; capacity only shrank since.
 			s.fail(g, v1alpha1.ReasonUnschedulable, msg, capGen)

@@ -31,6 +31,7 @@ import (
 
 	v1alpha1 "github.com/tessera-gpu/tessera/controlplane/api/v1alpha1"
 	"github.com/tessera-gpu/tessera/controlplane/client"
+	"github.com/tessera-gpu/tessera/controlplane/filters"
 	"github.com/tessera-gpu/tessera/controlplane/mapper"
 	"github.com/tessera-gpu/tessera/controlplane/snapshot"
 	"github.com/tessera-gpu/tessera/controlplane/solver"
@@ -161,7 +162,6 @@ func New(cfg *rest.Config, opts Options) (*Scheduler, error) {
 		opts:      opts,
 		kube:      kube,
 		sched:     sc,
-		solver:    solver.New(opts.Solver),
 		committer: &committer{client: kube, hooks: opts.Hooks, parallelism: opts.Parallelism},
 		assumed:   newAssumeCache(),
 		trigger:   make(chan struct{}, 1),
@@ -171,6 +171,15 @@ func New(cfg *rest.Config, opts Options) (*Scheduler, error) {
 		slots:     make(chan struct{}, opts.Parallelism),
 	}
 	s.factory = informers.NewSharedInformerFactory(kube, 0)
+	// The kube-scheduler's filter plugins register the informers they read (PVCs, PVs,
+	// StorageClasses, CSI objects, namespaces) on the shared factory.
+	flt, err := filters.New(context.Background(), filters.Config{Informers: s.factory, Client: kube, Volumes: true})
+	if err != nil {
+		return nil, fmt.Errorf("filter plugins: %w", err)
+	}
+	solverCfg := opts.Solver
+	solverCfg.Filters = flt
+	s.solver = solver.New(solverCfg)
 	s.podInf = s.factory.Core().V1().Pods().Informer()
 	nsInf := s.factory.Core().V1().Namespaces().Informer()
 	s.mapper = &mapper.Mapper{Resolver: opts.Resolver, NamespaceLabels: func(name string) map[string]string {
@@ -258,6 +267,11 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	}
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 		return fmt.Errorf("informers did not sync: %w", ctx.Err())
+	}
+	for typ, ok := range s.factory.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return fmt.Errorf("informer for %v did not sync: %w", typ, ctx.Err())
+		}
 	}
 	if s.opts.Features != nil {
 		s.features = *s.opts.Features
