@@ -218,8 +218,8 @@ type Session struct {
 	view *View
 	ctx  context.Context
 	// stack are the pods assumed in this session (tentative placements), with their states.
-	stack []stackEntry
-	base  int // view.Assumed() when the session began
+	stack  []stackEntry
+	base   int // view.Assumed() when the session began
 	nextID uint64
 	// volumeGen counts volume reservations and their reverts: the volume binder's PreFilter
 	// state lists the available PersistentVolumes, so it is recomputed when this changed.
@@ -262,7 +262,7 @@ type PodState struct {
 	applied []appliedEntry
 	// info is the pod parsed once (with the node of its current tentative placement), for
 	// the view and the other pods' AddPod/RemovePod.
-	info *framework.PodInfo
+	info    *framework.PodInfo
 	volumes bool
 	// volumeGen is the session's volumeGen when VolumeBinding's PreFilter last ran.
 	volumeGen int
