@@ -343,6 +343,18 @@ func TestSignature(t *testing.T) {
 	if s.Signature(snap, a) == s.Signature(snap, b) {
 		t.Error("a node selector does not change the signature")
 	}
+	// The API server gives every pod its own token volume: no difference for the search.
+	a2 := gpuGang("a2", 4)
+	for i, p := range a2.Pods {
+		p.Pod.Spec.Volumes = []v1.Volume{{Name: fmt.Sprintf("kube-api-access-%d", i), VolumeSource: v1.VolumeSource{Projected: &v1.ProjectedVolumeSource{}}}}
+	}
+	if s.Signature(snap, a) != s.Signature(snap, a2) {
+		t.Error("service-account token volumes change the signature")
+	}
+	a2.Pods[0].Pod.Spec.Volumes = append(a2.Pods[0].Pod.Spec.Volumes, v1.Volume{Name: "data", VolumeSource: v1.VolumeSource{PersistentVolumeClaim: &v1.PersistentVolumeClaimVolumeSource{ClaimName: "data-0"}}})
+	if s.Signature(snap, a) == s.Signature(snap, a2) {
+		t.Error("a PVC does not change the signature")
+	}
 	c := gpuGang("c", 4)
 	c.Topology = &Topology{Key: "rack", Required: true}
 	if s.Signature(snap, a) == s.Signature(snap, c) {
