@@ -161,8 +161,17 @@ func NewMemory() *Memory {
 // gang waits with the error as its reason and is retried after the minimum backoff.
 func (m *Memory) CommitFailed(key, message string, now time.Time, cfg Config) {
 	cfg = cfg.withDefaults()
-	m.failures[key] = &failure{reason: v1alpha1.ReasonCommitFailed, message: message, at: now, backoff: cfg.MinBackoff, since: now}
+	backoff, since := cfg.MinBackoff, now
+	if prev := m.failures[key]; prev != nil {
+		// A commit that keeps failing (a volume that never binds) is retried less and less
+		// often.
+		backoff, since = min(cfg.MaxBackoff, 2*prev.backoff), prev.since
+	}
+	m.failures[key] = &failure{reason: v1alpha1.ReasonCommitFailed, message: message, at: now, backoff: backoff, since: since}
 }
+
+// Committed records that a placed gang's commit succeeded: its failure history ends.
+func (m *Memory) Committed(key string) { delete(m.failures, key) }
 
 // Decisions is what one cycle decided.
 type Decisions struct {
@@ -330,7 +339,9 @@ func Decide(ctx context.Context, cfg Config, in Input, mem *Memory) *Decisions {
 			tree.RankOf(g.pg.Spec.Queue, g.estimate).Borrowing && (starving == nil || fl.since.Before(starvingSince)) {
 			starving, starvingSince = g, fl.since
 		}
-		if fl != nil && fl.capacity == in.CapacityGen && in.Now.Sub(fl.at) < fl.backoff {
+		// A gang that did not fit is retried after its backoff, or at once when capacity may
+		// have come back; one whose commit failed only after its backoff.
+		if fl != nil && (fl.capacity == in.CapacityGen || fl.reason == v1alpha1.ReasonCommitFailed) && in.Now.Sub(fl.at) < fl.backoff {
 			g.reason, g.message = fl.reason, fl.message
 			continue
 		}
@@ -390,7 +401,9 @@ func Decide(ctx context.Context, cfg Config, in Input, mem *Memory) *Decisions {
 				d.Pending++ // an elastic gang with pods left waiting
 			}
 		} else if g.reason == v1alpha1.ReasonUnschedulable {
-			failedShapes[sig] = fmt.Sprintf("same shape as gang %s, which does not fit: %s", g.Key, g.message)
+			// Gangs of the same shape get the same message, so that a gang's message does not
+			// depend on whether it or another was searched this cycle.
+			failedShapes[sig] = g.message
 			if reclaimFor == nil && !bestRank.Borrowing && !neverPreempts(g) {
 				reclaimFor = g
 			}
@@ -500,7 +513,11 @@ func place(ctx context.Context, cfg Config, in Input, d *Decisions, mem *Memory,
 			logger.V(2).Info("Volume reservation for the rest of the cycle failed", "pod", klog.KObj(p.Pod), "err", err)
 		}
 	}
-	delete(mem.failures, g.Key)
+	if fl := mem.failures[g.Key]; fl == nil || fl.reason != v1alpha1.ReasonCommitFailed {
+		// Placed: the gang's failure history ends (a failed commit's stays, for its backoff,
+		// until a commit succeeds).
+		delete(mem.failures, g.Key)
+	}
 	delete(mem.warned, g.Key)
 	isPlaced := map[types.UID]bool{}
 	for _, p := range placed {

@@ -522,7 +522,10 @@ func (v Volumes) Bind(ctx context.Context) error {
 	if v.f == nil {
 		return nil
 	}
-	if st := v.f.volumes.PreBind(ctx, v.state.state, v.state.Pod, v.node); !st.IsSuccess() {
+	// The binder checks the bindings against the node of the assumed pod.
+	assumed := v.state.Pod.DeepCopy()
+	assumed.Spec.NodeName = v.node
+	if st := v.f.volumes.PreBind(ctx, v.state.state, assumed, v.node); !st.IsSuccess() {
 		return fmt.Errorf("bind volumes of pod %s on %s: %w", klog.KObj(v.state.Pod), v.node, st.AsError())
 	}
 	return nil

@@ -348,6 +348,9 @@ func (e *effects) commitGang(ctx context.Context, p *decide.Placement) {
 		s.kick(false)
 		return
 	}
+	s.mu.Lock()
+	s.memory.Committed(p.Key)
+	s.mu.Unlock()
 	gangsAdmitted.Inc()
 	s.recorder.Eventf(p.PodGroup, v1.EventTypeNormal, v1alpha1.ReasonScheduled, "%d pods bound on %d nodes (%g GPU units)", len(res.Placements), countNodes(p), res.GPUUnits)
 	for _, pl := range res.Placements {

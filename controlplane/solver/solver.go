@@ -1109,7 +1109,9 @@ func (st *search) explain(plans []plan) string {
 			reasons = append(reasons, fmt.Sprintf("%d %s", n, r))
 		}
 		sort.Strings(reasons)
-		fmt.Fprintf(&b, "; pod %s then fits nowhere (%s)", st.failPod, strings.Join(reasons, ", "))
+		// The pod is not named: gangs of the same shape get the same message, whichever of
+		// them was searched (a message that changed with that would be rewritten every cycle).
+		fmt.Fprintf(&b, "; the next pod then fits nowhere (%s)", strings.Join(reasons, ", "))
 	}
 	need := 0.0
 	for _, p := range st.pods {
