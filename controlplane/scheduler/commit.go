@@ -401,7 +401,9 @@ func (c *committer) patchExtendedStatus(ctx context.Context, pod *v1.Pod, claim 
 func (c *committer) writeClaim(ctx context.Context, w *claimWrite) (*resourceapi.ResourceClaim, error) {
 	claims := c.client.ResourceV1().ResourceClaims(w.claim.Namespace)
 	claim := w.claim.DeepCopy()
-	refresh := false
+	// A reserve-only write follows the allocation of the same claim by an earlier pod of the
+	// gang: start from the claim as it is now, not as the decision saw it.
+	refresh := w.allocation == nil
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		if refresh {
 			fresh, err := claims.Get(ctx, claim.Name, metav1.GetOptions{})
