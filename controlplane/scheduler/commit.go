@@ -10,6 +10,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -200,13 +201,15 @@ func (c *committer) commit(ctx context.Context, p *decide.Placement) (*commitRes
 		boundSet[pod] = true
 	}
 	if len(bound) > 0 && p.AlreadyBound+len(bound) < p.MinMember {
-		// Some pods bound, too few for the gang: delete them so that the gang is not left
-		// half-bound (their controllers recreate them and the gang is placed anew).
+		// Some pods bound, too few for the gang: evict them so that the gang is not left
+		// half-bound (their controllers recreate them and the gang is placed anew). Eviction,
+		// like reclaim, is the only way the scheduler takes pods away (it may not delete
+		// pods); a PodDisruptionBudget that refuses is retried within the same window.
 		logger.Info("Binding failed part-way; rolling back the bound pods", "podGroup", p.Key, "bound", len(bound), "pods", len(res.Placements), "err", bindErr)
 		out.rolledBack = true
 		for _, pod := range bound {
-			if err := c.client.CoreV1().Pods(pod.Namespace).Delete(context.WithoutCancel(ctx), pod.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pod.UID}}); err != nil && !apierrors.IsNotFound(err) {
-				logger.Error(err, "Delete bound pod of a rolled-back gang", "pod", klog.KObj(pod))
+			if err := c.evict(ctx, pod); err != nil {
+				logger.Error(err, "Evict bound pod of a rolled-back gang", "pod", klog.KObj(pod))
 				continue
 			}
 			out.deleted = append(out.deleted, pod)
@@ -281,6 +284,26 @@ func (c *committer) bind(ctx context.Context, pl *solver.Placement, attempt int)
 		ObjectMeta: metav1.ObjectMeta{Namespace: pl.Pod.Namespace, Name: pl.Pod.Name, UID: pl.Pod.UID},
 		Target:     v1.ObjectReference{Kind: "Node", Name: pl.Node},
 	}, metav1.CreateOptions{})
+}
+
+// evict evicts a pod through the Eviction API (with its UID as precondition), retrying
+// refusals (a PodDisruptionBudget, 429) for up to the completion window.
+func (c *committer) evict(ctx context.Context, pod *v1.Pod) error {
+	ctx = context.WithoutCancel(ctx)
+	deadline := c.clock.Now().Add(c.completionWindow())
+	for {
+		err := c.client.PolicyV1().Evictions(pod.Namespace).Evict(ctx, &policyv1.Eviction{
+			ObjectMeta:    metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name},
+			DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pod.UID}},
+		})
+		if err == nil || apierrors.IsNotFound(err) {
+			return nil
+		}
+		if !apierrors.IsTooManyRequests(err) || !c.clock.Now().Before(deadline) {
+			return err
+		}
+		<-c.clock.After(100 * time.Millisecond)
+	}
 }
 
 // bindVolumes runs the volume binder's PreBind for every pod with volumes. On failure the

@@ -331,7 +331,7 @@ func (e *effects) commitGang(ctx context.Context, p *decide.Placement) {
 		podsBound.Add(float64(len(out.bound)))
 		if out.rolledBack {
 			bindRollbacks.Inc()
-			s.recorder.Eventf(p.PodGroup, v1.EventTypeWarning, reasonBindRolledBack, "binding failed part-way and could not be completed within %s: %d bound pods deleted so that the gang is not left half-bound (their controllers recreate them; bare pods are gone): %v", e.committer.completionWindow(), len(out.deleted), err)
+			s.recorder.Eventf(p.PodGroup, v1.EventTypeWarning, reasonBindRolledBack, "binding failed part-way and could not be completed within %s: %d bound pods evicted so that the gang is not left half-bound (their controllers recreate them; pods without one are gone): %v", e.committer.completionWindow(), len(out.deleted), err)
 		}
 	}
 	if err != nil {

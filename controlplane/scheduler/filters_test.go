@@ -311,8 +311,9 @@ func TestPartialBindingIsCompleted(t *testing.T) {
 }
 
 // A binding that keeps failing part-way is rolled back within one period: the pods already
-// bound are deleted (no gang is left with some pods bound and others waiting), the claims are
-// released, and the gang says so.
+// bound are evicted (no gang is left with some pods bound and others waiting), the claims of
+// the pod that never bound are released, and the gang says so. (Without a kubelet the evicted
+// pods stay Terminating.)
 func TestPartialBindingIsRolledBack(t *testing.T) {
 	e := newEnv(t)
 	e.addNode("a", 8, false, nil)
@@ -334,8 +335,7 @@ func TestPartialBindingIsRolledBack(t *testing.T) {
 	}); err != nil {
 		t.Fatal("no BindRolledBack event")
 	}
-	// Every pod that was bound is gone (bare pods are not recreated): none is left bound
-	// while g-3 waits.
+	// Every pod that was bound is going away: none is left bound while g-3 waits.
 	remaining := e.pods()
 	for _, p := range pods {
 		if cur := remaining[p.Name]; cur != nil && cur.Spec.NodeName != "" && cur.DeletionTimestamp == nil {

@@ -38,7 +38,7 @@ var (
 	})
 	bindRollbacks = metrics.NewCounter(&metrics.CounterOpts{
 		Subsystem: subsystem, Name: "bind_rollbacks_total",
-		Help: "Gangs whose binding failed part-way and whose bound pods were deleted so that the gang is not left half-bound.", StabilityLevel: metrics.ALPHA,
+		Help: "Gangs whose binding failed part-way and whose bound pods were evicted so that the gang is not left half-bound.", StabilityLevel: metrics.ALPHA,
 	})
 	apiWrites = metrics.NewCounterVec(&metrics.CounterOpts{
 		Subsystem: subsystem, Name: "api_writes_total",
