@@ -89,7 +89,9 @@ func desiredStatus(in Input, d *Decisions, mem *Memory, g *gangState) {
 	}
 
 	if g.Upstream != nil {
-		upstreamStatus(in, d, g, scheduled)
+		// True only once the pods are bound (the binding of a gang placed this cycle is
+		// still in flight).
+		upstreamStatus(in, d, g, len(g.Bound) >= minMember)
 	}
 }
 
@@ -105,9 +107,9 @@ func upstreamStatus(in Input, d *Decisions, g *gangState, scheduled bool) {
 	cond := metav1.Condition{Type: schedulingv1beta1.PodGroupInitiallyScheduled, ObservedGeneration: g.Upstream.Generation, LastTransitionTime: metav1.NewTime(in.Now)}
 	switch {
 	case scheduled:
-		cond.Status, cond.Reason, cond.Message = metav1.ConditionTrue, "Scheduled", fmt.Sprintf("%d pods bound by tessera-scheduler", len(g.bound))
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionTrue, "Scheduled", fmt.Sprintf("%d pods bound by tessera-scheduler", len(g.Bound))
 	case g.reason == "" || g.reason == v1alpha1.ReasonScheduled:
-		return
+		return // placed this cycle: True once bound
 	case len(g.message) > 14 && g.message[:14] == "invalid input:":
 		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, schedulingv1beta1.PodGroupReasonSchedulerError, g.message
 	default:
