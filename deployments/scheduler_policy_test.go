@@ -83,7 +83,9 @@ func TestSchedulerVolumeAndClaimWritesAreNarrowed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = c.client.CoreV1().PersistentVolumes().Delete(context.Background(), pv.Name, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = c.client.CoreV1().PersistentVolumes().Delete(context.Background(), pv.Name, metav1.DeleteOptions{})
+	})
 	pv.Spec.ClaimRef = &corev1.ObjectReference{Kind: "PersistentVolumeClaim", Namespace: ns, Name: "data", UID: pvc.UID}
 	pv.Annotations = map[string]string{"pv.kubernetes.io/bound-by-controller": "yes"}
 	pv, err = sched.CoreV1().PersistentVolumes().Update(ctx, pv, metav1.UpdateOptions{})

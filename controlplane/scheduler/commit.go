@@ -312,13 +312,13 @@ func (c *committer) bindVolumes(ctx context.Context, res *solver.Result) error {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var first error
-	any := false
+	some := false
 	for i := range res.Placements {
 		pl := &res.Placements[i]
 		if !pl.Volumes.Any() {
 			continue
 		}
-		any = true
+		some = true
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -335,7 +335,7 @@ func (c *committer) bindVolumes(ctx context.Context, res *solver.Result) error {
 	if first == nil {
 		return nil
 	}
-	if any {
+	if some {
 		for i := range res.Placements {
 			c.undoVolumes(ctx, res.Placements[i].Pod)
 		}

@@ -32,7 +32,9 @@ func TestDeviceTaintRuleIsHonoured(t *testing.T) {
 	if _, err := e.kube.ResourceV1().DeviceTaintRules().Create(e.ctx, rule, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create DeviceTaintRule: %v", err)
 	}
-	t.Cleanup(func() { _ = e.kube.ResourceV1().DeviceTaintRules().Delete(context.Background(), rule.Name, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = e.kube.ResourceV1().DeviceTaintRules().Delete(context.Background(), rule.Name, metav1.DeleteOptions{})
+	})
 	pods := e.gang("g", q, 2, gpuClaim)
 	e.startScheduler(defaultOptions())
 	e.waitCondition("g", v1alpha1.PodGroupConditionScheduled, metav1.ConditionFalse, func(c metav1.Condition) bool {
@@ -60,7 +62,9 @@ func TestDRAExtendedResourceGetsAClaim(t *testing.T) {
 	if _, err := e.kube.ResourceV1().DeviceClasses().Create(e.ctx, class, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = e.kube.ResourceV1().DeviceClasses().Delete(context.Background(), class.Name, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = e.kube.ResourceV1().DeviceClasses().Delete(context.Background(), class.Name, metav1.DeleteOptions{})
+	})
 	name := v1.ResourceName(*class.Spec.ExtendedResourceName)
 	p := fixture.Pod(e.ns, "ext")
 	p.UID = ""

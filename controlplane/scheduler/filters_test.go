@@ -136,7 +136,9 @@ func (e *env) storage(pvs map[string]string) {
 	if _, err := e.kube.StorageV1().StorageClasses().Create(e.ctx, class, metav1.CreateOptions{}); err != nil {
 		e.t.Fatal(err)
 	}
-	e.t.Cleanup(func() { _ = e.kube.StorageV1().StorageClasses().Delete(context.Background(), class.Name, metav1.DeleteOptions{}) })
+	e.t.Cleanup(func() {
+		_ = e.kube.StorageV1().StorageClasses().Delete(context.Background(), class.Name, metav1.DeleteOptions{})
+	})
 	for name, node := range pvs {
 		pv := &v1.PersistentVolume{
 			ObjectMeta: metav1.ObjectMeta{Name: e.id + "-" + name},
@@ -169,7 +171,9 @@ func (e *env) storage(pvs map[string]string) {
 		}); err != nil {
 			e.t.Fatal(err)
 		}
-		e.t.Cleanup(func() { _ = e.kube.CoreV1().PersistentVolumes().Delete(context.Background(), pv.Name, metav1.DeleteOptions{}) })
+		e.t.Cleanup(func() {
+			_ = e.kube.CoreV1().PersistentVolumes().Delete(context.Background(), pv.Name, metav1.DeleteOptions{})
+		})
 	}
 }
 
