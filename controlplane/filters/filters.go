@@ -237,7 +237,7 @@ type stackEntry struct {
 func (f *Filters) Begin(ctx context.Context, view *View) *Session {
 	f.mu.Lock()
 	f.lister.view = view
-	return &Session{f: f, view: view, ctx: ctx, base: view.Assumed()}
+	return &Session{f: f, view: view, ctx: ctx}
 }
 
 // End takes back every tentative placement (last in first out) and releases the lock.
