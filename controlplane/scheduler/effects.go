@@ -292,6 +292,13 @@ func (e *effects) assume(ctx context.Context, p *decide.Placement) {
 	for _, c := range assumedClaims(p) {
 		e.s.assumed.assumeClaim(c, true)
 	}
+	for _, pl := range p.Result.Placements {
+		if pl.Extended != nil {
+			c := pl.Extended.Claim.DeepCopy()
+			c.Status.Allocation = pl.Extended.Allocation.DeepCopy()
+			e.s.assumed.assumeExtended(pl.Pod.UID, c)
+		}
+	}
 }
 
 // forget drops the assumptions of a placement's pods that are not bound.
@@ -302,6 +309,7 @@ func (e *effects) forget(p *decide.Placement, bound map[types.UID]bool) {
 			continue
 		}
 		e.s.assumed.forgetPod(pl.Pod.UID)
+		e.s.assumed.forgetExtended(pl.Pod.UID)
 		for _, ca := range pl.Allocate {
 			e.s.assumed.forgetClaim(ca.Claim.UID)
 		}
