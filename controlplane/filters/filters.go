@@ -22,6 +22,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	"k8s.io/client-go/informers"
@@ -94,6 +95,8 @@ type Filters struct {
 	pre     []fwk.PreFilterPlugin
 	volumes *volumebinding.VolumeBinding
 	mu      sync.Mutex
+	// pending: parsed copies of pending pods (pendingInfo), guarded by mu.
+	pending map[types.UID]pendingEntry
 }
 
 // initMetrics creates (without registering) the kube-scheduler's metric objects, which the
@@ -110,7 +113,7 @@ func New(ctx context.Context, cfg Config) (*Filters, error) {
 	if cfg.Features != nil {
 		fts = *cfg.Features
 	}
-	f := &Filters{lister: &currentView{}, plugins: map[string]fwk.Plugin{}}
+	f := &Filters{lister: &currentView{}, plugins: map[string]fwk.Plugin{}, pending: map[types.UID]pendingEntry{}}
 	h := &handle{lister: f.lister, informers: cfg.Informers, client: cfg.Client, parallelizer: parallelize.NewParallelizer(parallelize.DefaultParallelism)}
 	// NodeResourcesFit leaves an extended resource that a DeviceClass maps (DRA extended
 	// resources) to DRA on nodes that do not advertise it; the mapping is the view's.
@@ -212,6 +215,33 @@ func (f *Filters) Plugins() []string {
 	return out
 }
 
+// pendingInfo returns the parsed copy of a pending pod that tentative placements add to the
+// view, kept across searches (parsing affinity terms and summing requests again for every
+// search of a waiting gang is most of the cost of its placements). Searches are serialised and
+// take every tentative placement back, so one copy per pod suffices; its spec.nodeName is set
+// by each placement.
+func (f *Filters) pendingInfo(pod *v1.Pod) (*framework.PodInfo, error) {
+	if e, ok := f.pending[pod.UID]; ok && pod.UID != "" && e.resourceVersion == pod.ResourceVersion {
+		return e.info, nil
+	}
+	info, err := framework.NewPodInfo(pod.DeepCopy())
+	if err != nil {
+		return nil, err
+	}
+	if pod.UID != "" {
+		if len(f.pending) > 100000 {
+			f.pending = map[types.UID]pendingEntry{}
+		}
+		f.pending[pod.UID] = pendingEntry{resourceVersion: pod.ResourceVersion, info: info}
+	}
+	return info, nil
+}
+
+type pendingEntry struct {
+	resourceVersion string
+	info            *framework.PodInfo
+}
+
 // Session is one search on a View. It holds the Filters' lock until End.
 type Session struct {
 	f    *Filters
@@ -266,6 +296,9 @@ type PodState struct {
 	volumes bool
 	// volumeGen is the session's volumeGen when VolumeBinding's PreFilter last ran.
 	volumeGen int
+	// extensions: some plugin that ran PreFilter for the pod keeps state that other pods'
+	// placements change (PreFilterExtensions); without, there is nothing to sync.
+	extensions bool
 }
 
 // Rejected returns why the pod fits no node at all, or "" when it may fit some.
@@ -309,6 +342,11 @@ func (s *Session) Prepare(pod *v1.Pod) (*PodState, error) {
 	}
 	ps.volumes = s.f.volumes != nil && !skip.Has(names.VolumeBinding) && hasPVC(pod)
 	ps.volumeGen = s.volumeGen
+	for _, pl := range s.f.pre {
+		if pl.PreFilterExtensions() != nil && !skip.Has(pl.Name()) {
+			ps.extensions = true
+		}
+	}
 	// The pods this session assumed before Prepare are in the view already.
 	for _, e := range s.stack {
 		ps.applied = append(ps.applied, appliedEntry{id: e.id, state: e.state, node: e.node})
@@ -385,6 +423,9 @@ type appliedEntry struct {
 // sync brings the pod's PreFilter state up to date with the session's stack: RemovePod for
 // entries that were taken back, AddPod for new ones (the framework's PreFilterExtensions).
 func (s *Session) sync(ps *PodState) error {
+	if !ps.extensions {
+		return nil
+	}
 	common := 0
 	for common < len(ps.applied) && common < len(s.stack) && ps.applied[common].id == s.stack[common].id {
 		common++
@@ -439,8 +480,7 @@ func (s *Session) Assume(ps *PodState, node string) (string, error) {
 		s.volumeGen++
 	}
 	if ps.info == nil {
-		p := ps.Pod.DeepCopy()
-		info, err := framework.NewPodInfo(p)
+		info, err := s.f.pendingInfo(ps.Pod)
 		if err != nil {
 			return "", fmt.Errorf("pod %s: %w", klog.KObj(ps.Pod), err)
 		}
