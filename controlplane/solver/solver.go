@@ -155,6 +155,14 @@ type Solver struct {
 
 	mu        sync.Mutex
 	claimSigs map[types.UID]uint64
+	// podSigs caches podSignature of pods by UID (valid for one resourceVersion and one set
+	// of relevant label keys).
+	podSigs map[types.UID]podSigEntry
+}
+
+type podSigEntry struct {
+	resourceVersion, keys string
+	sig                   uint64
 }
 
 // New returns a solver. cfg.Filters must be set.
@@ -162,7 +170,7 @@ func New(cfg Config) *Solver {
 	if cfg.Filters == nil {
 		panic("solver: Config.Filters is required")
 	}
-	return &Solver{cfg: cfg.withDefaults(), claimSigs: map[types.UID]uint64{}}
+	return &Solver{cfg: cfg.withDefaults(), claimSigs: map[types.UID]uint64{}, podSigs: map[types.UID]podSigEntry{}}
 }
 
 // Config returns the solver's configuration (with defaults applied).
@@ -437,6 +445,41 @@ func relevantLabelKeys(snap *snapshot.Snapshot, gang *Gang) sets.Set[string] {
 // reads (requests, node selection, tolerations, affinity, ports, volumes, spread, the labels
 // some selector looks at).
 func (s *Solver) podSignature(gp Pod, labelKeys sets.Set[string], requests v1.ResourceList) uint64 {
+	// Claims are in the signature by identity or by their immutable spec; the pod's fields by
+	// value: a pod's signature changes only with its resourceVersion or with which labels
+	// matter. Pods of a cached signature must not have claims that changed allocation since
+	// (their identity is in the signature), so the claim part is part of the key too.
+	cacheKey := ""
+	if gp.Pod.UID != "" && gp.Pod.ResourceVersion != "" {
+		var b strings.Builder
+		for _, k := range sets.List(labelKeys) {
+			b.WriteString(k)
+			b.WriteByte(',')
+		}
+		for _, c := range gp.Claims {
+			fmt.Fprintf(&b, "|%s:%v:%v", c.UID, c.Status.Allocation != nil, gp.Consumers[c.UID].UID)
+		}
+		cacheKey = b.String()
+		s.mu.Lock()
+		e, ok := s.podSigs[gp.Pod.UID]
+		s.mu.Unlock()
+		if ok && e.resourceVersion == gp.Pod.ResourceVersion && e.keys == cacheKey {
+			return e.sig
+		}
+	}
+	sig := s.computePodSignature(gp, labelKeys, requests)
+	if cacheKey != "" {
+		s.mu.Lock()
+		if len(s.podSigs) > 200000 {
+			s.podSigs = map[types.UID]podSigEntry{}
+		}
+		s.podSigs[gp.Pod.UID] = podSigEntry{resourceVersion: gp.Pod.ResourceVersion, keys: cacheKey, sig: sig}
+		s.mu.Unlock()
+	}
+	return sig
+}
+
+func (s *Solver) computePodSignature(gp Pod, labelKeys sets.Set[string], requests v1.ResourceList) uint64 {
 	h := fnv.New64a()
 	for _, c := range gp.Claims {
 		if c.Status.Allocation != nil {

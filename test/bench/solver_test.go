@@ -70,7 +70,9 @@ func gang(n int) *solver.Gang {
 	g := &solver.Gang{Name: "bench/g"}
 	for i := 0; i < n; i++ {
 		c := fixture.GPUClaim("bench", fmt.Sprintf("c-%d", i), 1)
-		g.Pods = append(g.Pods, solver.Pod{Pod: fixture.Pod("bench", fmt.Sprintf("p-%d", i), c.Name), Claims: []*resourceapi.ResourceClaim{c}})
+		p := fixture.Pod("bench", fmt.Sprintf("p-%d", i), c.Name)
+		p.ResourceVersion = "1" // as every pod from the API server has
+		g.Pods = append(g.Pods, solver.Pod{Pod: p, Claims: []*resourceapi.ResourceClaim{c}})
 	}
 	return g
 }
