@@ -180,6 +180,32 @@ func TestNetworkAttachedDevicesAcrossNodes(t *testing.T) {
 }
 
 // snapshotWith is snapshot with extra DeviceClasses.
+// Across gangs of one cycle: a network-attached device assumed for the first gang is taken
+// for the second on every node.
+func TestNetworkAttachedDevicesAcrossGangs(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	c := &cluster{}
+	c.node("n1", 0, false, nil)
+	c.node("n2", 0, false, nil)
+	slice, class := networkSlice(1)
+	c.in.Slices = append(c.in.Slices, slice)
+	snap := c.snapshotWith(class)
+	s := newSolver(t, Config{})
+	gang := func(name string) *Gang {
+		claim := fabricClaim(name + "-link")
+		return &Gang{Name: "ns/" + name, Pods: []Pod{{Pod: fixture.Pod("ns", name, claim.Name), Claims: []*resourceapi.ResourceClaim{claim}}}}
+	}
+	res, err := s.Solve(ctx, snap, gang("first"))
+	if err != nil {
+		t.Fatalf("first gang: %v", err)
+	}
+	p := res.Placements[0]
+	snap.Assume(p.Node, p.Pod, []*resourceapi.AllocationResult{p.Allocate[0].Allocation})
+	if _, err := s.Solve(ctx, snap, gang("second")); !IsUnschedulable(err) {
+		t.Fatalf("second gang got the link the first holds: err = %v", err)
+	}
+}
+
 func (c *cluster) snapshotWith(classes ...*resourceapi.DeviceClass) *snapshot.Snapshot {
 	c.in.Classes = append(fixture.DeviceClasses(), classes...)
 	return newSnapshot(c.in)
