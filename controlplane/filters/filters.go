@@ -249,7 +249,6 @@ type Session struct {
 	ctx  context.Context
 	// stack are the pods assumed in this session (tentative placements), with their states.
 	stack  []stackEntry
-	base   int // view.Assumed() when the session began
 	nextID uint64
 	// volumeGen counts volume reservations and their reverts: the volume binder's PreFilter
 	// state lists the available PersistentVolumes, so it is recomputed when this changed.
