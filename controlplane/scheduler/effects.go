@@ -402,6 +402,13 @@ func (w *writer) submit(key string, fn func(context.Context) error) {
 	w.queue.Add(key)
 }
 
+// drop forgets every pending write (a replica that lost its Lease must not write on).
+func (w *writer) drop() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.tasks = map[string]func(context.Context) error{}
+}
+
 func (w *writer) idle() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()

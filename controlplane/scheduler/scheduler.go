@@ -431,6 +431,8 @@ func (s *Scheduler) lead(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	s.setLeading(true)
 	defer s.setLeading(false)
+	// Writes still queued when the term ends are the old leader's: dropped, not sent.
+	defer s.effects.writes.drop()
 	defer s.effects.waitCommits()
 	s.assumed.reset()
 	s.effects.reset()
