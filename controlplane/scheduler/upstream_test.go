@@ -119,6 +119,14 @@ func (e *env) upstreamGroupOf(job string) *schedulingv1beta1.PodGroup {
 
 func (e *env) waitUpstreamCondition(name string, status metav1.ConditionStatus) metav1.Condition {
 	e.t.Helper()
+	return e.waitUpstreamConditionMatching(name, status, "")
+}
+
+// waitUpstreamConditionMatching waits for the condition with that status whose message
+// contains substr: a gang's reason goes through earlier ones on a loaded machine (its
+// claims not created yet by the claim controller) before it settles.
+func (e *env) waitUpstreamConditionMatching(name string, status metav1.ConditionStatus, substr string) metav1.Condition {
+	e.t.Helper()
 	var last metav1.Condition
 	if err := wait.PollUntilContextTimeout(e.ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
 		pg, err := e.kube.SchedulingV1beta1().PodGroups(e.ns).Get(ctx, name, metav1.GetOptions{})
@@ -127,7 +135,7 @@ func (e *env) waitUpstreamCondition(name string, status metav1.ConditionStatus) 
 		}
 		if c := meta.FindStatusCondition(pg.Status.Conditions, schedulingv1beta1.PodGroupInitiallyScheduled); c != nil {
 			last = *c
-			return c.Status == status, nil
+			return c.Status == status && strings.Contains(c.Message, substr), nil
 		}
 		return false, nil
 	}); err != nil {
@@ -188,7 +196,7 @@ func TestJobWithGangSchedulingPolicy(t *testing.T) {
 	// 4 pods × 4 GPUs do not fit 8 GPUs: nothing binds, the PodGroup says why.
 	e.gangJob("big", 4, 4)
 	big := e.upstreamGroupOf("big")
-	c = e.waitUpstreamCondition(big.Name, metav1.ConditionFalse)
+	c = e.waitUpstreamConditionMatching(big.Name, metav1.ConditionFalse, "does not fit")
 	if c.Reason != schedulingv1beta1.PodGroupReasonUnschedulable || !strings.Contains(c.Message, "does not fit") {
 		t.Errorf("big gang condition = %+v", c)
 	}
