@@ -118,6 +118,7 @@ type Scheduler struct {
 	filters   *filters.Filters
 	decideCfg decide.Config
 	podInfos  *filters.PodInfoCache
+	snapCache *snapshot.Cache
 	effects   *effects
 	assumed   *assumeCache
 	celCache  celCache
@@ -176,15 +177,16 @@ func New(cfg *rest.Config, opts Options) (*Scheduler, error) {
 		return nil, err
 	}
 	s := &Scheduler{
-		opts:     opts,
-		clock:    opts.Clock,
-		kube:     kube,
-		sched:    sc,
-		assumed:  newAssumeCache(),
-		trigger:  make(chan struct{}, 1),
-		mappings: map[types.UID]mapper.Mapping{},
-		memory:   decide.NewMemory(),
-		podInfos: filters.NewPodInfoCache(),
+		opts:      opts,
+		clock:     opts.Clock,
+		kube:      kube,
+		sched:     sc,
+		assumed:   newAssumeCache(),
+		trigger:   make(chan struct{}, 1),
+		mappings:  map[types.UID]mapper.Mapping{},
+		memory:    decide.NewMemory(),
+		podInfos:  filters.NewPodInfoCache(),
+		snapCache: snapshot.NewCache(),
 	}
 	s.factory = informers.NewSharedInformerFactory(kube, 0)
 	// The kube-scheduler's filter plugins register the informers they read (PVCs, PVs,
@@ -422,7 +424,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 }
 
 func (s *Scheduler) snapshotConfig() snapshot.Config {
-	return snapshot.Config{Features: s.features, GPUDrivers: s.opts.GPUDrivers, CELCache: s.celCache, PodInfos: s.podInfos}
+	return snapshot.Config{Features: s.features, GPUDrivers: s.opts.GPUDrivers, CELCache: s.celCache, PodInfos: s.podInfos, Cache: s.snapCache}
 }
 
 // lead is one leadership term: rebuild state from the API, roll back half-committed gangs,

@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"sync"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -40,6 +41,9 @@ type Config struct {
 	// PodInfos keeps the kube-scheduler's parsed view of bound pods across cycles; nil
 	// parses every pod each time.
 	PodInfos *filters.PodInfoCache
+	// Cache keeps what the snapshot derives from unchanged objects across cycles (see
+	// Cache); nil derives everything each time.
+	Cache *Cache
 }
 
 // Input is the raw state a snapshot is built from (informer listers, plus the scheduler's
@@ -124,6 +128,12 @@ type Snapshot struct {
 	devices  map[structured.DeviceID]*deviceInfo
 	claims   map[string]*resourceapi.ResourceClaim
 	gpuDrv   sets.Set[string]
+
+	// pre is the device pre-selection of the nodes evaluated so far (prefilter.go).
+	preMu sync.Mutex
+	pre   map[string]*nodeDevices
+	// noPreselect shows the allocator all devices (tests compare both).
+	noPreselect bool
 }
 
 // New builds a snapshot. It never fails: objects it cannot interpret are ignored the way the
@@ -146,6 +156,7 @@ func New(in Input, cfg Config) *Snapshot {
 		devices:         make(map[structured.DeviceID]*deviceInfo),
 		claims:          make(map[string]*resourceapi.ResourceClaim, len(in.Claims)),
 		gpuDrv:          sets.New(cfg.GPUDrivers...),
+		pre:             map[string]*nodeDevices{},
 	}
 	nodes := append([]*v1.Node(nil), in.Nodes...)
 	sort.Slice(nodes, func(i, j int) bool { return nodes[i].Name < nodes[j].Name })
@@ -170,6 +181,9 @@ func New(in Input, cfg Config) *Snapshot {
 		s.poolNode[poolKey{slice.Spec.Driver, slice.Spec.Pool.Name}] = nodeName
 	}
 	for _, ni := range s.Nodes {
+		// By name, as the allocator orders them: the same slices give the same list in every
+		// cycle, whatever order the informer lists them in.
+		sort.Slice(ni.Slices, func(i, j int) bool { return ni.Slices[i].Name < ni.Slices[j].Name })
 		s.indexDevices(ni.Name(), ni.Slices)
 		for _, slice := range ni.Slices {
 			if !s.gpuDrv.Has(slice.Spec.Driver) {
@@ -352,9 +366,9 @@ func (s *Snapshot) AllocateBounded(ctx context.Context, ni *NodeInfo, extra []re
 			addResult(&state, &extra[i].Devices.Results[j], s.features.ConsumableCapacity)
 		}
 	}
-	slices := ni.Slices
+	slices := s.restrictedSlices(ctx, ni, &state, extra, claims)
 	if len(s.sharedSlices) > 0 {
-		slices = append(append([]*resourceapi.ResourceSlice(nil), ni.Slices...), s.sharedSlices...)
+		slices = append(append([]*resourceapi.ResourceSlice(nil), slices...), s.sharedSlices...)
 	}
 	alloc, err := structured.NewAllocator(ctx, s.features, state, s.classes, slices, s.celCache)
 	if err != nil {

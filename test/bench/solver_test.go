@@ -79,7 +79,7 @@ func gang(n int) *solver.Gang {
 
 // newFilters returns the kube-scheduler's filter plugins on an in-memory clientset; plugins
 // nil is all of them, an empty list none (the solver then checks devices only).
-func newFilters(b *testing.B, plugins []string) *filters.Filters {
+func newFilters(b testing.TB, plugins []string) *filters.Filters {
 	ctx, cancel := context.WithCancel(context.Background())
 	inf := informers.NewSharedInformerFactory(fake.NewClientset(), 0)
 	f, err := filters.New(ctx, filters.Config{Informers: inf, Volumes: true, Plugins: plugins})

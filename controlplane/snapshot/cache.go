@@ -1,0 +1,48 @@
+package snapshot
+
+import (
+	"sync"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/dynamic-resource-allocation/structured"
+)
+
+// Cache keeps, across scheduling cycles, what a snapshot derives from objects that did not
+// change: objects from informers are replaced, never modified, so an unchanged object is
+// the same pointer in the next cycle's lists. One Cache serves the snapshots of one
+// scheduler (several per cycle: the cycle's, reclaim's, the empty cluster's). Safe for
+// concurrent use.
+type Cache struct {
+	mu    sync.Mutex
+	nodes map[string]*nodeDevices
+}
+
+// NewCache returns an empty cache.
+func NewCache() *Cache {
+	return &Cache{nodes: map[string]*nodeDevices{}}
+}
+
+// nodeDevices returns the pre-selection state of a node, reused while its slices are the
+// same objects.
+func (c *Cache) nodeDevices(node string, slices []*resourceapi.ResourceSlice, features structured.Features) *nodeDevices {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if nd := c.nodes[node]; nd != nil && sameSlices(nd.slices, slices) && nd.features == features {
+		return nd
+	}
+	nd := newNodeDevices(slices, features)
+	c.nodes[node] = nd
+	return nd
+}
+
+func sameSlices(a, b []*resourceapi.ResourceSlice) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,204 @@
+package snapshot
+
+import (
+	"context"
+	"fmt"
+	"math/rand"
+	"reflect"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/structured"
+	"k8s.io/utils/ptr"
+
+	"github.com/tessera-gpu/tessera/controlplane/fixture"
+)
+
+var allFeatures = structured.Features{
+	AdminAccess: true, PrioritizedList: true, PartitionableDevices: true, DeviceTaints: true,
+	ConsumableCapacity: true, DeviceBindingAndStatus: true,
+}
+
+// randomClaim is one of the shapes a GPU cluster sees: whole GPUs (1–3, or all), a MIG
+// profile, a whole GPU or else a MIG device (firstAvailable), a selector that fails at run
+// time on devices without the attribute, admin access.
+func randomClaim(r *rand.Rand, i int) *resourceapi.ResourceClaim {
+	name := fmt.Sprintf("c%d", i)
+	profiles := []string{"1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb"}
+	var c *resourceapi.ResourceClaim
+	switch r.Intn(12) {
+	case 0, 1, 2:
+		c = fixture.GPUClaim("ns", name, int64(1+r.Intn(2)))
+	case 3, 4, 5, 6:
+		c = fixture.MIGClaim("ns", name, profiles[r.Intn(len(profiles))])
+	case 7, 8:
+		c = fixture.GPUOrMIGClaim("ns", name, profiles[r.Intn(len(profiles))])
+	case 9:
+		// No class selector restricts to MIG devices here: "profile" is missing on whole
+		// GPUs, so the expression fails there at run time.
+		c = fixture.GPUClaim("ns", name, 1)
+		c.Spec.Devices.Requests[0].Exactly.DeviceClassName = "any"
+		c.Spec.Devices.Requests[0].Exactly.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+			Expression: fmt.Sprintf(`device.attributes[%q].profile == "1g.10gb"`, fixture.Driver)}}}
+	default:
+		c = fixture.GPUClaim("ns", name, 1)
+		if r.Intn(2) == 0 {
+			c.Spec.Devices.Requests[0].Exactly.AllocationMode = resourceapi.DeviceAllocationModeAll
+			c.Spec.Devices.Requests[0].Exactly.Count = 0
+		} else {
+			c.Spec.Devices.Requests[0].Exactly.AdminAccess = ptr.To(true)
+		}
+	}
+	c.UID = types.UID(name)
+	return c
+}
+
+func classesWithAny() []*resourceapi.DeviceClass {
+	return append(fixture.DeviceClasses(), &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "any"}})
+}
+
+// TestPreselectionSameAllocation: the allocator given the pre-selected devices returns what
+// it returns given all of them — the same result or error, in the same number of steps — on
+// random nodes (whole and partitionable GPUs, devices in use, devices the gang holds
+// tentatively, binding conditions) and random claims.
+func TestPreselectionSameAllocation(t *testing.T) {
+	ctx := context.Background()
+	r := rand.New(rand.NewSource(1))
+	var fits, noFit, failed, restricted int
+	for round := 0; round < 300; round++ {
+		node := fmt.Sprintf("n%d", round)
+		in := Input{Nodes: []*v1.Node{fixture.Node(node, nil)}, Classes: classesWithAny()}
+		partitionable := r.Intn(3) > 0
+		if partitionable {
+			in.Slices = fixture.PartitionableSlices(node, 1+r.Intn(8))
+		} else {
+			in.Slices = fixture.WholeGPUSlices(node, 1+r.Intn(8))
+		}
+		if r.Intn(4) == 0 {
+			// A device with binding conditions puts its pool after the others; the
+			// second pool makes that order matter.
+			last := in.Slices[len(in.Slices)-1]
+			d := &last.Spec.Devices[len(last.Spec.Devices)-1]
+			d.BindingConditions = []string{"ready"}
+			d.BindingFailureConditions = []string{"failed"}
+			second := fixture.WholeGPUSlices(node, 2)[0]
+			second.Name, second.Spec.Pool.Name = node+"-second", node+"-second"
+			in.Slices = append(in.Slices, second)
+		}
+		// Devices in use: a random subset of the node's devices.
+		var allocated, extraDevs []string
+		for _, sl := range in.Slices {
+			for _, d := range sl.Spec.Devices {
+				switch r.Intn(16) {
+				case 0:
+					allocated = append(allocated, d.Name)
+				case 1:
+					extraDevs = append(extraDevs, d.Name)
+				}
+			}
+		}
+		if len(allocated) > 0 {
+			in.Claims = append(in.Claims, fixture.AllocatedClaim("busy", "busy", node, allocated...))
+		}
+		var extra []resourceapi.AllocationResult
+		for _, d := range extraDevs {
+			extra = append(extra, resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{
+				Request: "gpu", Driver: fixture.Driver, Pool: node, Device: d}}}})
+		}
+		var claims []*resourceapi.ResourceClaim
+		for i := 0; i < 1+r.Intn(3); i++ {
+			claims = append(claims, randomClaim(r, i))
+		}
+		on := New(in, Config{Features: allFeatures})
+		off := New(in, Config{Features: allFeatures})
+		off.noPreselect = true
+		for try := 0; try < 2; try++ { // the second call reuses the pre-selection
+			want, wa, werr := off.AllocateBounded(ctx, off.Node(node), extra, claims, 0)
+			got, ga, gerr := on.AllocateBounded(ctx, on.Node(node), extra, claims, 0)
+			if fmt.Sprint(werr) != fmt.Sprint(gerr) {
+				t.Fatalf("round %d: error %v with pre-selection, %v without", round, gerr, werr)
+			}
+			if !reflect.DeepEqual(want, got) {
+				t.Fatalf("round %d: allocation with pre-selection\n%+v\nwithout\n%+v", round, got, want)
+			}
+			if wa != ga {
+				t.Fatalf("round %d: %+v with pre-selection, %+v without", round, ga, wa)
+			}
+			if try == 0 {
+				switch {
+				case gerr != nil:
+					failed++
+				case got == nil:
+					noFit++
+				default:
+					fits++
+				}
+				if devices(on.restrictedSlices(ctx, on.Node(node), &on.Node(node).Allocated, extra, claims)) < devices(in.Slices) {
+					restricted++
+				}
+			}
+		}
+	}
+	// The cases must all occur, or the comparison proves little.
+	t.Logf("%d fit, %d do not, %d errors; %d with fewer devices shown", fits, noFit, failed, restricted)
+	if fits < 30 || noFit < 30 || failed < 5 || restricted < 100 {
+		t.Errorf("too few cases of some kind: %d fit, %d do not, %d errors, %d restricted", fits, noFit, failed, restricted)
+	}
+}
+
+func devices(slices []*resourceapi.ResourceSlice) int {
+	n := 0
+	for _, s := range slices {
+		n += len(s.Spec.Devices)
+	}
+	return n
+}
+
+// TestPreselectionLeavesInvalidPools: a pool the allocator rejects (two devices of the same
+// name) stays rejected; leaving the duplicate out because it does not match would have made
+// the pool valid.
+func TestPreselectionLeavesInvalidPools(t *testing.T) {
+	ctx := context.Background()
+	slices := fixture.PartitionableSlices("n", 1)
+	dup := slices[1].Spec.Devices[1] // a MIG device: no whole-GPU request matches it
+	dup.Name = slices[1].Spec.Devices[0].Name
+	slices[1].Spec.Devices = append(slices[1].Spec.Devices, dup)
+	in := Input{Nodes: []*v1.Node{fixture.Node("n", nil)}, Slices: slices, Classes: fixture.DeviceClasses()}
+	claims := []*resourceapi.ResourceClaim{fixture.GPUClaim("ns", "c", 1)}
+	for _, preselect := range []bool{false, true} {
+		s := New(in, Config{Features: allFeatures})
+		s.noPreselect = !preselect
+		res, _, err := s.AllocateBounded(ctx, s.Node("n"), nil, claims, 0)
+		if err == nil || res != nil {
+			t.Errorf("pre-selection %v: %v, %v; want the invalid pool's error", preselect, res, err)
+		}
+	}
+}
+
+// TestPreselectionAcrossCycles: with a Cache, a node whose slices did not change keeps its
+// pre-selection in the next snapshot; a changed slice gets a new one.
+func TestPreselectionAcrossCycles(t *testing.T) {
+	ctx := context.Background()
+	cache := NewCache()
+	in := Input{Nodes: []*v1.Node{fixture.Node("n", nil)}, Slices: fixture.PartitionableSlices("n", 2), Classes: fixture.DeviceClasses()}
+	claims := []*resourceapi.ResourceClaim{fixture.MIGClaim("ns", "c", "3g.40gb")}
+	first := New(in, Config{Features: allFeatures, Cache: cache})
+	if _, _, err := first.AllocateBounded(ctx, first.Node("n"), nil, claims, 0); err != nil {
+		t.Fatal(err)
+	}
+	second := New(in, Config{Features: allFeatures, Cache: cache})
+	if second.devicesFor(second.Node("n")) != first.devicesFor(first.Node("n")) {
+		t.Error("unchanged slices: pre-selection not reused")
+	}
+	changed := in
+	changed.Slices = append([]*resourceapi.ResourceSlice(nil), in.Slices...)
+	cp := *changed.Slices[1]
+	changed.Slices[1] = &cp
+	third := New(changed, Config{Features: allFeatures, Cache: cache})
+	if third.devicesFor(third.Node("n")) == first.devicesFor(first.Node("n")) {
+		t.Error("a replaced slice: stale pre-selection reused")
+	}
+}
