@@ -35,6 +35,18 @@ func (c *Cache) nodeDevices(node string, slices []*resourceapi.ResourceSlice, fe
 	return nd
 }
 
+// retain forgets the nodes not in names (deleted nodes), so the cache holds no more than
+// the cluster has.
+func (c *Cache) retain(names map[string]*NodeInfo) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for n := range c.nodes {
+		if _, ok := names[n]; !ok {
+			delete(c.nodes, n)
+		}
+	}
+}
+
 func sameSlices(a, b []*resourceapi.ResourceSlice) bool {
 	if len(a) != len(b) {
 		return false

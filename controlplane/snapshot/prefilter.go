@@ -40,6 +40,9 @@ import (
 // out could make an invalid pool valid. Neither are nodes when the allocator features
 // include compatibility groups or derived attributes, which read devices beyond selectors.
 
+// maxViews bounds the claim shapes a node's entry keeps views (and selector results) for.
+const maxViews = 64
+
 // alternative is one way a request can be satisfied: a class and selectors, all of whose
 // CEL expressions must be true.
 type alternative struct {
@@ -208,7 +211,7 @@ func (s *Snapshot) devicesFor(ni *NodeInfo) *nodeDevices {
 // restrictedSlices returns the node's slices as the allocator should see them for claims,
 // given the devices in use (allocated state plus the gang's tentative results on the node).
 func (s *Snapshot) restrictedSlices(ctx context.Context, ni *NodeInfo, state *structured.AllocatedState, extra []resourceapi.AllocationResult, claims []*resourceapi.ResourceClaim) []*resourceapi.ResourceSlice {
-	if len(ni.Slices) == 0 || s.noPreselect {
+	if len(ni.Slices) == 0 || s.cfg.AllDevices {
 		return ni.Slices
 	}
 	nd := s.devicesFor(ni)
@@ -223,13 +226,21 @@ func (s *Snapshot) restrictedSlices(ctx context.Context, ni *NodeInfo, state *st
 	defer nd.mu.Unlock()
 	view := nd.views[key]
 	if view == nil {
+		if len(nd.views) >= maxViews {
+			// Claims with selectors of their own can make every shape new; a node keeps
+			// the views of the shapes seen recently, not of every shape ever seen.
+			nd.views = map[string]*deviceView{}
+			nd.matches = map[string][]bool{}
+		}
 		view = nd.buildView(ctx, s.celCache, alts)
 		nd.views[key] = view
 	}
 	// Every device in use on the node must be in the view.
 	var missing []structured.DeviceID
+	// Ids of other pools (network-attached slices, which the allocator is given apart)
+	// are no device of this node.
 	check := func(id structured.DeviceID) {
-		if !view.kept.Has(id) {
+		if s.poolNode[poolKey{id.Driver.String(), id.Pool.String()}] == ni.Name() && !view.kept.Has(id) {
 			missing = append(missing, id)
 		}
 	}

@@ -113,8 +113,7 @@ func TestPreselectionSameAllocation(t *testing.T) {
 			claims = append(claims, randomClaim(r, i))
 		}
 		on := New(in, Config{Features: allFeatures})
-		off := New(in, Config{Features: allFeatures})
-		off.noPreselect = true
+		off := New(in, Config{Features: allFeatures, AllDevices: true})
 		for try := 0; try < 2; try++ { // the second call reuses the pre-selection
 			want, wa, werr := off.AllocateBounded(ctx, off.Node(node), extra, claims, 0)
 			got, ga, gerr := on.AllocateBounded(ctx, on.Node(node), extra, claims, 0)
@@ -169,8 +168,7 @@ func TestPreselectionLeavesInvalidPools(t *testing.T) {
 	in := Input{Nodes: []*v1.Node{fixture.Node("n", nil)}, Slices: slices, Classes: fixture.DeviceClasses()}
 	claims := []*resourceapi.ResourceClaim{fixture.GPUClaim("ns", "c", 1)}
 	for _, preselect := range []bool{false, true} {
-		s := New(in, Config{Features: allFeatures})
-		s.noPreselect = !preselect
+		s := New(in, Config{Features: allFeatures, AllDevices: !preselect})
 		res, _, err := s.AllocateBounded(ctx, s.Node("n"), nil, claims, 0)
 		if err == nil || res != nil {
 			t.Errorf("pre-selection %v: %v, %v; want the invalid pool's error", preselect, res, err)
@@ -200,5 +198,32 @@ func TestPreselectionAcrossCycles(t *testing.T) {
 	third := New(changed, Config{Features: allFeatures, Cache: cache})
 	if third.devicesFor(third.Node("n")) == first.devicesFor(first.Node("n")) {
 		t.Error("a replaced slice: stale pre-selection reused")
+	}
+}
+
+// TestPreselectionCacheForgetsDeletedNodes: a node gone from the cluster leaves the Cache
+// with the next snapshot, so the cache holds no more nodes than the cluster has.
+func TestPreselectionCacheForgetsDeletedNodes(t *testing.T) {
+	ctx := context.Background()
+	cache := NewCache()
+	in := Input{
+		Nodes:   []*v1.Node{fixture.Node("a", nil), fixture.Node("b", nil)},
+		Slices:  append(fixture.PartitionableSlices("a", 1), fixture.PartitionableSlices("b", 1)...),
+		Classes: fixture.DeviceClasses(),
+	}
+	claims := []*resourceapi.ResourceClaim{fixture.GPUClaim("ns", "c", 1)}
+	first := New(in, Config{Features: allFeatures, Cache: cache})
+	for _, n := range []string{"a", "b"} {
+		if _, _, err := first.AllocateBounded(ctx, first.Node(n), nil, claims, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(cache.nodes) != 2 {
+		t.Fatalf("cache holds %d nodes, want 2", len(cache.nodes))
+	}
+	in.Nodes = in.Nodes[:1]
+	New(in, Config{Features: allFeatures, Cache: cache})
+	if _, ok := cache.nodes["b"]; ok || len(cache.nodes) != 1 {
+		t.Errorf("after node b's deletion the cache holds %d nodes (b: %v)", len(cache.nodes), ok)
 	}
 }

@@ -44,6 +44,10 @@ type Config struct {
 	// Cache keeps what the snapshot derives from unchanged objects across cycles (see
 	// Cache); nil derives everything each time.
 	Cache *Cache
+	// AllDevices shows the allocator every device of a node instead of the pre-selected
+	// ones (prefilter.go): the path before pre-selection, kept so that benchmarks and
+	// equivalence tests can compare both in one run. The decisions are the same.
+	AllDevices bool
 }
 
 // Input is the raw state a snapshot is built from (informer listers, plus the scheduler's
@@ -132,8 +136,6 @@ type Snapshot struct {
 	// pre is the device pre-selection of the nodes evaluated so far (prefilter.go).
 	preMu sync.Mutex
 	pre   map[string]*nodeDevices
-	// noPreselect shows the allocator all devices (tests compare both).
-	noPreselect bool
 }
 
 // New builds a snapshot. It never fails: objects it cannot interpret are ignored the way the
@@ -179,6 +181,9 @@ func New(in Input, cfg Config) *Snapshot {
 		}
 		ni.Slices = append(ni.Slices, slice)
 		s.poolNode[poolKey{slice.Spec.Driver, slice.Spec.Pool.Name}] = nodeName
+	}
+	if cfg.Cache != nil {
+		cfg.Cache.retain(s.byName)
 	}
 	for _, ni := range s.Nodes {
 		// By name, as the allocator orders them: the same slices give the same list in every

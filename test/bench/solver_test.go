@@ -93,9 +93,30 @@ func newFilters(b testing.TB, plugins []string) *filters.Filters {
 	return f
 }
 
-func benchSolve(b *testing.B, pods int, partitionable bool, topology []string, plugins []string) {
+// devices says how the allocator is shown a node's devices in a solve benchmark.
+type devices int
+
+const (
+	// preselected: the scheduler's path; the node's pre-selection is computed by the first
+	// solve and reused by the next ones (as the scheduler's Cache keeps it across cycles
+	// while a node's slices do not change).
+	preselected devices = iota
+	// preselectedCold: a new snapshot without a Cache for every solve (built off the
+	// clock): every node evaluated computes its pre-selection — the first cycle after a
+	// start, or every node's slices changed.
+	preselectedCold
+	// all: every device, as before pre-selection (snapshot.Config.AllDevices).
+	all
+)
+
+func (d devices) String() string {
+	return [...]string{"preselected", "preselected-cold", "all"}[d]
+}
+
+func benchSolve(b *testing.B, pods int, partitionable bool, topology []string, plugins []string, dev devices) {
 	in := cluster(1000, partitionable)
-	snap := snapshot.New(in, snapshot.Config{Features: features})
+	cfg := snapshot.Config{Features: features, AllDevices: dev == all}
+	snap := snapshot.New(in, cfg)
 	s := solver.New(solver.Config{TopologyKeys: topology, Filters: newFilters(b, plugins)})
 	g := gang(pods)
 	ctx := context.Background()
@@ -103,6 +124,11 @@ func benchSolve(b *testing.B, pods int, partitionable bool, topology []string, p
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
+		if dev == preselectedCold {
+			b.StopTimer()
+			snap = snapshot.New(in, cfg)
+			b.StartTimer()
+		}
 		start := time.Now()
 		res, err := s.Solve(ctx, snap, g)
 		lat = append(lat, time.Since(start))
@@ -124,7 +150,9 @@ func benchSolve(b *testing.B, pods int, partitionable bool, topology []string, p
 
 // BenchmarkSolve runs every case twice in the same run: with the kube-scheduler's filter
 // plugins (filters=upstream, what tessera-scheduler runs) and without them (filters=none,
-// devices only), so that their cost is measured under the same machine load.
+// devices only), so that their cost is measured under the same machine load. The
+// partitionable cases run three ways (devices=preselected, preselected-cold, all) so that
+// the pre-selection's gain is measured in the same run.
 func BenchmarkSolve(b *testing.B) {
 	variants := []struct {
 		name    string
@@ -132,11 +160,13 @@ func BenchmarkSolve(b *testing.B) {
 	}{{"upstream", nil}, {"none", []string{}}}
 	for _, v := range variants {
 		for _, pods := range []int{8, 64, 512} {
-			b.Run(fmt.Sprintf("gang=%d/nodes=1000/whole/filters=%s", pods, v.name), func(b *testing.B) { benchSolve(b, pods, false, nil, v.plugins) })
+			b.Run(fmt.Sprintf("gang=%d/nodes=1000/whole/filters=%s", pods, v.name), func(b *testing.B) { benchSolve(b, pods, false, nil, v.plugins, preselected) })
 		}
 		for _, pods := range []int{8, 64} {
-			b.Run(fmt.Sprintf("gang=%d/nodes=1000/whole/rack-topology/filters=%s", pods, v.name), func(b *testing.B) { benchSolve(b, pods, false, []string{"rack"}, v.plugins) })
-			b.Run(fmt.Sprintf("gang=%d/nodes=1000/partitionable-mig/filters=%s", pods, v.name), func(b *testing.B) { benchSolve(b, pods, true, nil, v.plugins) })
+			b.Run(fmt.Sprintf("gang=%d/nodes=1000/whole/rack-topology/filters=%s", pods, v.name), func(b *testing.B) { benchSolve(b, pods, false, []string{"rack"}, v.plugins, preselected) })
+			for _, dev := range []devices{preselected, preselectedCold, all} {
+				b.Run(fmt.Sprintf("gang=%d/nodes=1000/partitionable-mig/filters=%s/devices=%s", pods, v.name, dev), func(b *testing.B) { benchSolve(b, pods, true, nil, v.plugins, dev) })
+			}
 		}
 	}
 }
