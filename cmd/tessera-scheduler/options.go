@@ -15,6 +15,8 @@ import (
 
 type options struct {
 	kubeconfig         string
+	kubeAPIQPS         float32
+	kubeAPIBurst       int
 	schedulerName      string
 	topologyKeys       []string
 	spread             bool
@@ -44,6 +46,8 @@ type options struct {
 func newOptions() *options {
 	o := &options{
 		schedulerName:      "tessera-scheduler",
+		kubeAPIQPS:         500,
+		kubeAPIBurst:       1000,
 		maxTries:           50000,
 		period:             time.Second,
 		parallelism:        16,
@@ -77,6 +81,8 @@ func newOptions() *options {
 
 func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", o.kubeconfig, "Kubeconfig file; empty: $KUBECONFIG, else the in-cluster service account.")
+	fs.Float32Var(&o.kubeAPIQPS, "kube-api-qps", o.kubeAPIQPS, "Client-side rate limit of API requests per second (the kube-scheduler's clientConnection.qps).")
+	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", o.kubeAPIBurst, "Burst of API requests above --kube-api-qps (the kube-scheduler's clientConnection.burst).")
 	fs.StringVar(&o.schedulerName, "scheduler-name", o.schedulerName, "spec.schedulerName of the pods this scheduler places.")
 	fs.StringSliceVar(&o.topologyKeys, "topology-keys", o.topologyKeys, "Node label keys whose values are topology domains (rack, NVLink domain), most specific first; a gang is kept in one domain when it fits.")
 	fs.BoolVar(&o.spread, "spread", o.spread, "Prefer the emptiest nodes instead of packing GPUs onto the fullest.")
@@ -114,6 +120,8 @@ func (o *options) validate() error {
 	switch {
 	case o.schedulerName == "":
 		return errors.New("--scheduler-name must not be empty")
+	case o.kubeAPIQPS <= 0 || o.kubeAPIBurst <= 0:
+		return fmt.Errorf("--kube-api-qps and --kube-api-burst must be positive, got %v and %d", o.kubeAPIQPS, o.kubeAPIBurst)
 	case o.maxTries <= 0:
 		return fmt.Errorf("--max-tries must be positive, got %d", o.maxTries)
 	case o.period <= 0:

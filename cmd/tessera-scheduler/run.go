@@ -30,7 +30,7 @@ func run(ctx context.Context, o *options) error {
 	if err != nil {
 		return err
 	}
-	cfg.QPS, cfg.Burst = 500, 1000
+	cfg.QPS, cfg.Burst = o.kubeAPIQPS, o.kubeAPIBurst
 
 	opts := scheduler.Options{
 		SchedulerName:     o.schedulerName,
