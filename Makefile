@@ -12,7 +12,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 E2E_PKGS  := ./test/e2e/...
 STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: all build cli k8s-bin operators-bin node-bin helm-bin test test-unit test-e2e bench lint fmt generate demo clean
+.PHONY: all build cli k8s-bin operators-bin node-bin helm-bin test test-unit test-e2e bench bench-e2e bench-e2e-short lint fmt generate demo clean
 
 all: build
 
@@ -68,6 +68,19 @@ test-e2e: k8s-bin operators-bin node-bin helm-bin
 BENCH ?= .
 bench: k8s-bin
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -timeout 60m $$($(GO) list ./... | grep -v /test/e2e)
+
+# The fair end-to-end pair (test/bench BenchmarkFair, docs/benchmarks.md): tessera
+# gangs of one vs the stock kube-scheduler with DRA, FAIR_NODES nodes x 8 GPUs,
+# FAIR_RUNS runs of each on a fresh control plane, order alternated. The full mode
+# is run by hand (an hour or more on a loaded 2-core machine); bench-e2e-short
+# (5 nodes) only checks that the harness works, for CI. Never part of `make test`.
+FAIR_NODES ?= 1000
+FAIR_RUNS  ?= 3
+bench-e2e: k8s-bin
+	$(GO) test -count=1 -run '^$$' -bench '^BenchmarkFair$$' -benchtime 1x -timeout 180m ./test/bench/ -args -fair-nodes=$(FAIR_NODES) -fair-runs=$(FAIR_RUNS)
+
+bench-e2e-short:
+	$(MAKE) bench-e2e FAIR_NODES=5 FAIR_RUNS=3
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
