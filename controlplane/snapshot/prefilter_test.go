@@ -63,11 +63,11 @@ func classesWithAny() []*resourceapi.DeviceClass {
 // TestPreselectionSameAllocation: the allocator given the pre-selected devices returns what
 // it returns given all of them — the same result or error, in the same number of steps — on
 // random nodes (whole and partitionable GPUs, devices in use, devices the gang holds
-// tentatively, binding conditions) and random claims.
+// tentatively, binding conditions, network-attached GPUs beside them) and random claims.
 func TestPreselectionSameAllocation(t *testing.T) {
 	ctx := context.Background()
 	r := rand.New(rand.NewSource(1))
-	var fits, noFit, failed, restricted int
+	var fits, noFit, failed, restricted, networked int
 	for round := 0; round < 300; round++ {
 		node := fmt.Sprintf("n%d", round)
 		in := Input{Nodes: []*v1.Node{fixture.Node(node, nil)}, Classes: classesWithAny()}
@@ -108,6 +108,17 @@ func TestPreselectionSameAllocation(t *testing.T) {
 			extra = append(extra, resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{
 				Request: "gpu", Driver: fixture.Driver, Pool: node, Device: d}}}})
 		}
+		if r.Intn(4) == 0 {
+			// Network-attached GPUs (no nodeName): given to the allocator apart from the
+			// node's devices, their allocated ones in the state are no device of the node.
+			net := fixture.WholeGPUSlices("net", 2)[0]
+			net.Spec.NodeName, net.Spec.AllNodes = nil, ptr.To(true)
+			in.Slices = append(in.Slices, net)
+			if r.Intn(2) == 0 {
+				in.Claims = append(in.Claims, fixture.AllocatedClaim("busy", "net-busy", "net", "gpu-0"))
+			}
+			networked++
+		}
 		var claims []*resourceapi.ResourceClaim
 		for i := 0; i < 1+r.Intn(3); i++ {
 			claims = append(claims, randomClaim(r, i))
@@ -142,8 +153,8 @@ func TestPreselectionSameAllocation(t *testing.T) {
 		}
 	}
 	// The cases must all occur, or the comparison proves little.
-	t.Logf("%d fit, %d do not, %d errors; %d with fewer devices shown", fits, noFit, failed, restricted)
-	if fits < 30 || noFit < 30 || failed < 5 || restricted < 100 {
+	t.Logf("%d fit, %d do not, %d errors; %d with fewer devices shown, %d with network-attached GPUs", fits, noFit, failed, restricted, networked)
+	if fits < 30 || noFit < 30 || failed < 5 || restricted < 100 || networked < 30 {
 		t.Errorf("too few cases of some kind: %d fit, %d do not, %d errors, %d restricted", fits, noFit, failed, restricted)
 	}
 }
