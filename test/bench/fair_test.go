@@ -37,6 +37,7 @@ var (
 	fairRuns  = flag.Int("fair-runs", 3, "runs of each scheduler in BenchmarkFair (order alternated, a fresh control plane each)")
 	fairNodes = flag.Int("fair-nodes", 100, "nodes in BenchmarkFair (8 GPUs each, as many one-GPU pods as GPUs)")
 	fairQPS   = flag.Int("fair-qps", 5000, "client QPS of both schedulers in BenchmarkFair (burst twice that)")
+	fairScore = flag.Int("fair-stock-percentage", 0, "the kube-scheduler's percentageOfNodesToScore in BenchmarkFair; 0 is its default (all nodes up to 100, then 50% less 1% per 125 nodes, at least 100 nodes)")
 )
 
 // BenchmarkFair is one equal-semantics pair, measured fairly: tessera-scheduler placing
@@ -44,7 +45,7 @@ var (
 // v1.37.2 with DRA, both placing nodes × 8 one-GPU pods (each with its own ResourceClaim
 // of the gpu DeviceClass) on nodes × 8 whole GPUs, both packing (tessera's default; the
 // kube-scheduler's NodeResourcesFit with MostAllocated; percentageOfNodesToScore at its
-// default), both as separate processes with the same client QPS.
+// default, or -fair-stock-percentage), both as separate processes with the same client QPS.
 //
 // Each run gets a fresh control plane (etcd, kube-apiserver, kube-controller-manager), all
 // objects are created before the scheduler starts, and the order alternates (tessera first
@@ -254,6 +255,10 @@ func fairRun(b *testing.B, which string, run int, binDir, tesseraBin string) fai
 			fmt.Sprintf("--kube-api-qps=%d", *fairQPS), fmt.Sprintf("--kube-api-burst=%d", 2**fairQPS), "--v=1")
 	} else {
 		cfgPath := filepath.Join(dir, "config.yaml")
+		percentage := ""
+		if *fairScore > 0 {
+			percentage = fmt.Sprintf("percentageOfNodesToScore: %d", *fairScore)
+		}
 		config := fmt.Sprintf(`apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
 clientConnection:
@@ -262,6 +267,7 @@ clientConnection:
   burst: %d
 leaderElection:
   leaderElect: false
+%s
 profiles:
 - schedulerName: default-scheduler
   pluginConfig:
@@ -269,7 +275,7 @@ profiles:
     args:
       scoringStrategy:
         type: MostAllocated
-`, cp.KubeconfigPath, *fairQPS, 2**fairQPS)
+`, cp.KubeconfigPath, *fairQPS, 2**fairQPS, percentage)
 		if err := os.WriteFile(cfgPath, []byte(config), 0o600); err != nil {
 			b.Fatal(err)
 		}
