@@ -162,6 +162,8 @@ func BenchmarkSolve(b *testing.B) {
 		for _, pods := range []int{8, 64, 512} {
 			b.Run(fmt.Sprintf("gang=%d/nodes=1000/whole/filters=%s", pods, v.name), func(b *testing.B) { benchSolve(b, pods, false, nil, v.plugins, preselected) })
 		}
+		// Whole GPUs: pre-selection keeps every device (all match), so this is its overhead.
+		b.Run(fmt.Sprintf("gang=64/nodes=1000/whole-all-devices/filters=%s", v.name), func(b *testing.B) { benchSolve(b, 64, false, nil, v.plugins, all) })
 		for _, pods := range []int{8, 64} {
 			b.Run(fmt.Sprintf("gang=%d/nodes=1000/whole/rack-topology/filters=%s", pods, v.name), func(b *testing.B) { benchSolve(b, pods, false, []string{"rack"}, v.plugins, preselected) })
 			for _, dev := range []devices{preselected, preselectedCold, all} {
