@@ -4,7 +4,7 @@
 #   kubelet                   k8s.io/kubernetes/cmd/kubelet at the version test/k8s pins
 #   containerd, containerd-shim-runc-v2, ctr
 #                             github.com/containerd/containerd/v2 at the version test/containerd pins
-#   pause                     test/realnode/pause, the pods' sandbox image (no registry here)
+#   pause                     sandbox/realnode/pause, the pods' sandbox image (no registry here)
 # runc and the CNI plugins come from Debian's packages (runc,
 # containernetworking-plugins); .ci/run installs them.
 #
@@ -41,7 +41,7 @@ kube_ldflags+=" -X k8s.io/component-base/version.buildDate=1970-01-01T00:00:00Z"
 ctrd_tags="no_btrfs no_devmapper no_zfs"
 ctrd_ldflags="-s -w -X github.com/containerd/containerd/v2/version.Version=$containerd_version"
 ctrd_ldflags+=" -X github.com/containerd/containerd/v2/version.Revision=module-proxy"
-stamp=$( (cat "$k8smod/go.mod" "$k8smod/go.sum" "$ctrdmod/go.mod" "$ctrdmod/go.sum" "$root/test/realnode/pause/main.go"
+stamp=$( (cat "$k8smod/go.mod" "$k8smod/go.sum" "$ctrdmod/go.mod" "$ctrdmod/go.sum" "$root/sandbox/realnode/pause/main.go"
   echo "$kube_ldflags|$ctrd_tags|$ctrd_ldflags"; go version) | sha256sum | cut -c1-16)
 
 if [[ -n ${TESSERA_NODE_BIN:-} ]]; then
@@ -85,7 +85,7 @@ if ! complete; then
       github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
       github.com/containerd/containerd/v2/cmd/ctr
   )
-  (cd "$root" && go build -trimpath -ldflags "-s -w" -o "$out/pause" ./test/realnode/pause)
+  (cd "$root" && go build -trimpath -ldflags "-s -w" -o "$out/pause" ./sandbox/realnode/pause)
   echo "$stamp" > "$out/.stamp"
   echo "built in $(( $(date +%s) - start ))s"
 fi

@@ -28,8 +28,8 @@ import (
 	"github.com/tessera-gpu/tessera/nodeagent/partition"
 	"github.com/tessera-gpu/tessera/sandbox/cluster"
 	"github.com/tessera-gpu/tessera/sandbox/k8sbin"
-	"github.com/tessera-gpu/tessera/test/operators"
-	"github.com/tessera-gpu/tessera/test/realnode"
+	"github.com/tessera-gpu/tessera/sandbox/operators"
+	"github.com/tessera-gpu/tessera/sandbox/realnode"
 )
 
 // Options configure a sandbox.
@@ -55,9 +55,9 @@ type Options struct {
 	// Speed divides the scenario's simulated run times (default 1).
 	Speed float64
 	// Operators are the workload operators to run against the sandbox's API
-	// server (package test/operators names them; default none).
+	// server (package sandbox/operators names them; default none).
 	Operators []string
-	// RealNode adds one real node (test/realnode: kubelet, containerd, real
+	// RealNode adds one real node (sandbox/realnode: kubelet, containerd, real
 	// containers) beside the simulated ones where the machine allows it.
 	RealNode bool
 	// WebAddress is where the web view and /metrics are served (default

@@ -16,7 +16,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/sandbox"
 	"github.com/tessera-gpu/tessera/sandbox/k8sbin"
-	"github.com/tessera-gpu/tessera/test/operators"
+	"github.com/tessera-gpu/tessera/sandbox/operators"
 )
 
 func newSandboxCommand() *cobra.Command {

@@ -35,9 +35,9 @@ import (
 	"github.com/tessera-gpu/tessera/contract"
 	v1alpha1 "github.com/tessera-gpu/tessera/controlplane/api/v1alpha1"
 	"github.com/tessera-gpu/tessera/sandbox"
+	"github.com/tessera-gpu/tessera/sandbox/operators"
 	"github.com/tessera-gpu/tessera/sandbox/simkubelet"
 	"github.com/tessera-gpu/tessera/test/framework"
-	"github.com/tessera-gpu/tessera/test/operators"
 )
 
 const (

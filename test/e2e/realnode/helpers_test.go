@@ -34,8 +34,8 @@ import (
 	"github.com/tessera-gpu/tessera/contract"
 	"github.com/tessera-gpu/tessera/deployments/deviceclasses"
 	"github.com/tessera-gpu/tessera/draplugin/checkpoint"
+	"github.com/tessera-gpu/tessera/sandbox/realnode"
 	"github.com/tessera-gpu/tessera/test/framework"
-	"github.com/tessera-gpu/tessera/test/realnode"
 )
 
 // partitionConfig is the mock DGX H100 of every test: GPU 0 and 1 offer

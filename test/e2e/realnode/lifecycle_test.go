@@ -16,7 +16,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/contract"
 	"github.com/tessera-gpu/tessera/draplugin/cdi"
-	"github.com/tessera-gpu/tessera/test/realnode"
+	"github.com/tessera-gpu/tessera/sandbox/realnode"
 )
 
 // runWholeGPU schedules a report pod with whole GPU index and waits until it runs.

@@ -41,7 +41,7 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 
-	"github.com/tessera-gpu/tessera/test/framework"
+	"github.com/tessera-gpu/tessera/sandbox/cluster"
 )
 
 // EnvBinDir overrides where the operators are looked up (one directory per
@@ -232,11 +232,20 @@ func BinDir() (string, error) {
 	if dir := os.Getenv(EnvBinDir); dir != "" {
 		return dir, nil
 	}
-	root, err := framework.RepoRoot()
+	dir, err := os.Getwd()
 	if err != nil {
 		return "", err
 	}
-	return filepath.Join(root, "bin", "operators"), nil
+	for {
+		if data, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && strings.HasPrefix(string(data), "module github.com/tessera-gpu/tessera\n") {
+			return filepath.Join(dir, "bin", "operators"), nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("not inside the tessera repository and $" + EnvBinDir + " is not set: cannot find the operators")
+		}
+		dir = parent
+	}
 }
 
 // Options say where the operators run.
@@ -670,7 +679,7 @@ func installCRDs(ctx context.Context, cfg *rest.Config, files []string) error {
 		if err != nil {
 			return fmt.Errorf("CRD %s (%s): %w", crd.Name, filepath.Base(f), err)
 		}
-		if err := framework.WaitCRDEstablished(ctx, client, crd.Name); err != nil {
+		if err := cluster.WaitCRDEstablished(ctx, client, crd.Name); err != nil {
 			return err
 		}
 	}

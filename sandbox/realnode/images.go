@@ -18,7 +18,7 @@ import (
 // from static binaries and imported with `ctr images import`. Pods use them
 // with imagePullPolicy Never.
 const (
-	// PauseImage is the pods' sandbox image: test/realnode/pause, built by
+	// PauseImage is the pods' sandbox image: sandbox/realnode/pause, built by
 	// hack/build-node.sh.
 	PauseImage = "tessera.local/pause:realnode"
 	// BusyboxImage holds Debian's busybox-static with its applets linked in
