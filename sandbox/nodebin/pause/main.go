@@ -1,8 +1,9 @@
-// Command pause is the sandbox ("pause") container of the real-node tests:
-// it holds the pod's namespaces, reaps the zombies that processes of the pod
-// leave to it (it is PID 1 when the pod shares its PID namespace), and exits
-// on SIGINT or SIGTERM, like the kubelet's registry.k8s.io/pause. It is built
-// statically by hack/build-node.sh, because the tests have no registry.
+// Command pause is the sandbox ("pause") container of a real node (the
+// real-node tests, `tessera sandbox up --real-node`): it holds the pod's
+// namespaces, reaps the zombies that processes of the pod leave to it (it is
+// PID 1 when the pod shares its PID namespace), and exits on SIGINT or
+// SIGTERM, like the kubelet's registry.k8s.io/pause. It is built statically by
+// sandbox/nodebin (hack/build-node.sh), because there is no registry.
 package main
 
 import (
