@@ -18,6 +18,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
 	"github.com/tessera-gpu/tessera/contract"
+	"github.com/tessera-gpu/tessera/nodeagent/nvmlbackend"
 )
 
 // Plugin is one running tessera-node process of the node: the node agent
@@ -29,6 +30,9 @@ type Plugin struct {
 	PodUID string
 	proc   *process
 	http   string
+	// driverRoot is where its mock machine lays out the driver installation,
+	// control the mock machine's control socket.
+	driverRoot, control string
 }
 
 // PluginOptions configure one tessera-node instance.
@@ -57,14 +61,15 @@ func (n *Node) CDIDir() string { return n.path("cdi") }
 // MPSDir is tessera-node's --mps-dir.
 func (n *Node) MPSDir() string { return n.path("mps") }
 
-// DriverRoot is the fake driver root: its dev/ holds the stand-in device
-// nodes. Once tessera-node writes CDI specs from a driver root (nvcdi), this
-// is the directory to pass to it.
-func (n *Node) DriverRoot() string { return n.path("driver-root") }
+// HookPath is the nvidia-cdi-hook the CDI specs name and runc runs (built
+// by sandbox/nodebin at the NVIDIA container toolkit version of go.mod).
+func (n *Node) HookPath() string { return n.bin("nvidia-cdi-hook") }
 
-// Backend is tessera-node's --backend.
-func (n *Node) Backend() string {
-	return "mock:" + n.opts.Machine + "?gpus=" + strconv.Itoa(n.opts.GPUs)
+// backend is the instance's --backend: the node's mock machine, with its
+// driver installation laid out in the node's directory and its control
+// socket there.
+func (n *Node) backend(p *Plugin) string {
+	return "mock:" + n.opts.Machine + "?gpus=" + strconv.Itoa(n.opts.GPUs) + "&root=" + p.driverRoot + "&control=" + p.control
 }
 
 // StartPlugin starts a tessera-node instance and waits until it has
@@ -78,11 +83,17 @@ func (n *Node) StartPlugin(ctx context.Context, opts PluginOptions) (*Plugin, er
 	if err != nil {
 		return nil, err
 	}
-	p := &Plugin{Name: opts.Name, PodUID: opts.PodUID, http: "127.0.0.1:" + strconv.Itoa(port)}
+	p := &Plugin{Name: opts.Name, PodUID: opts.PodUID, http: "127.0.0.1:" + strconv.Itoa(port),
+		driverRoot: n.path("driver-root", opts.Name), control: n.path("nvml-" + opts.Name + ".sock")}
+	// Every instance models its own machine (the mock lives in its
+	// process), so each has its own driver installation: the CDI base spec
+	// names the newest one's files, and a running container keeps the files
+	// it got from an older one.
 	args := []string{n.opts.TesseraNode,
 		"--node-name=" + n.opts.NodeName,
 		"--kubeconfig=" + n.opts.Kubeconfig,
-		"--backend=" + n.Backend(),
+		"--backend=" + n.backend(p),
+		"--nvidia-cdi-hook-path=" + n.HookPath(),
 		"--kubelet-registry-dir=" + n.RegistryDir(),
 		"--kubelet-plugin-dir=" + n.PluginDir(),
 		"--cdi-dir=" + n.CDIDir(),
@@ -96,6 +107,7 @@ func (n *Node) StartPlugin(ctx context.Context, opts PluginOptions) (*Plugin, er
 	if opts.PodUID != "" {
 		args = append(args, "--pod-uid="+opts.PodUID)
 	}
+	args = append(args, n.opts.PluginArgs...)
 	args = append(args, opts.ExtraArgs...)
 	env := append(nodeEnv(n.path("fakebin"), n.binDir), "FAKE_TOOLS_LOG="+n.ToolCallsLog())
 	p.proc, err = startProcess(opts.Name, n.path("logs", opts.Name+".log"), env, n.inNamespace(args...)...)
@@ -199,6 +211,18 @@ func (p *Plugin) Kill() {
 func (p *Plugin) Running() bool {
 	done, _ := p.proc.exited()
 	return !done
+}
+
+// DriverRoot is the directory where the instance's mock machine laid out
+// its driver installation (libraries, binaries, device nodes, procfs): the
+// host paths of the CDI specs it writes are in it.
+func (p *Plugin) DriverRoot() string { return p.driverRoot }
+
+// NVML sends a fault to the instance's mock machine (nvmlbackend's control
+// socket): "xid <gpu> <n>", "ecc <gpu> single|double", "lost <gpu>",
+// "back <gpu>", with <gpu> an index or a UUID.
+func (p *Plugin) NVML(ctx context.Context, command string) error {
+	return nvmlbackend.SendControl(ctx, p.control, command)
 }
 
 // Log returns the end of the instance's log.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-gpu/tessera/nodeagent/partition"
+	"github.com/tessera-gpu/tessera/sandbox/nodebin"
 )
 
 // SandboxTaint keeps the sandbox's workloads (which use images no registry
@@ -33,19 +35,28 @@ type SandboxOptions struct {
 	Config *partition.Config
 	Labels map[string]string
 	Log    func(format string, args ...any)
+	// Out receives the progress lines of building the node binaries, when
+	// they are not in the cache yet (nil: silence).
+	Out io.Writer
 }
 
-// StartForSandbox starts the sandbox's real node beside its simulated ones.
-// An error wrapping ErrUnavailable says why the machine cannot run one (not
-// root, no runc, no node binaries, no tessera-node binary): the sandbox then
-// goes on with its simulated nodes.
+// StartForSandbox starts the sandbox's real node beside its simulated ones,
+// building the node binaries into the cache first where they are missing
+// (sandbox/nodebin, from the Go module proxy; no checkout needed). An error
+// wrapping ErrUnavailable says why the machine cannot run one (not root, no
+// runc, no tessera-node binary, the node binaries cannot be built): the
+// sandbox then goes on with its simulated nodes.
 func StartForSandbox(ctx context.Context, o SandboxOptions) (*Node, error) {
-	if err := Check(""); err != nil {
+	if err := CheckMachine(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	bin, err := findTesseraNode()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	binDir, err := nodebin.Ensure(ctx, nodebin.Options{Out: o.Out})
+	if err != nil {
+		return nil, fmt.Errorf("%w: the node binaries: %w", ErrUnavailable, err)
 	}
 	var cfg []byte
 	if o.Config != nil {
@@ -57,6 +68,7 @@ func StartForSandbox(ctx context.Context, o SandboxOptions) (*Node, error) {
 		NodeName:        o.NodeName,
 		Kubeconfig:      o.Kubeconfig,
 		TesseraNode:     bin,
+		BinDir:          binDir,
 		Machine:         o.Machine,
 		GPUs:            8,
 		PartitionConfig: string(cfg),

@@ -74,8 +74,8 @@ func TestUnprepareRetriesWhilePluginDown(t *testing.T) {
 	if n := e.claimOperations(p, "unprepare"); n != 1 {
 		t.Errorf("the restarted tessera-node unprepared %d claims, want 1", n)
 	}
-	if files := e.specFiles(); len(files) != 0 {
-		t.Errorf("CDI specs left: %v", files)
+	if files := e.claimSpecFiles(); len(files) != 0 {
+		t.Errorf("claims' CDI specs left: %v", files)
 	}
 }
 
