@@ -241,7 +241,7 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 	}
 	if opts.RealNode {
 		s.realNode, err = realnode.StartForSandbox(ctx, realnode.SandboxOptions{NodeName: "real-node-0", Kubeconfig: s.kubeconfig,
-			Machine: "dgx" + strings.ToLower(opts.GPU), Config: s.partitionConfig(), Labels: map[string]string{partitionLabel: "mixed"}, Log: s.say})
+			Machine: "dgx" + strings.ToLower(opts.GPU), Config: s.partitionConfig(), Labels: map[string]string{partitionLabel: "mixed"}, Log: s.say, Out: s.out})
 		if errors.Is(err, realnode.ErrUnavailable) {
 			s.say("--real-node: %v; running the simulated nodes only", err)
 		} else if err != nil {
@@ -260,6 +260,7 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 		s.operators, err = operators.Start(ctx, opts.Operators, operators.Options{
 			Config: s.config, Kubeconfig: s.kubeconfig, Dir: filepath.Join(opts.StateDir, "operators"),
 			Log: func(format string, args ...any) { s.say("  "+format, args...) },
+			Out: s.out,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("start operators: %w", err)

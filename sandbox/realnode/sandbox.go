@@ -50,7 +50,7 @@ func StartForSandbox(ctx context.Context, o SandboxOptions) (*Node, error) {
 	if err := CheckMachine(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
-	bin, err := findTesseraNode()
+	bin, err := findTesseraNode(ctx, o.Out)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
@@ -79,9 +79,10 @@ func StartForSandbox(ctx context.Context, o SandboxOptions) (*Node, error) {
 }
 
 // findTesseraNode looks for tessera-node next to the running program (make
-// build puts tessera and tessera-node into bin/), on PATH, then in bin/ of
-// the checkout.
-func findTesseraNode() (string, error) {
+// build puts tessera and tessera-node into bin/), then on PATH; an
+// installed tessera (go install …/cmd/tessera@version) has neither, and
+// builds tessera-node of its own version into the cache (nodebin.TesseraNode).
+func findTesseraNode(ctx context.Context, out io.Writer) (string, error) {
 	var candidates []string
 	if exe, err := os.Executable(); err == nil {
 		candidates = append(candidates, filepath.Join(filepath.Dir(exe), "tessera-node"))
@@ -89,13 +90,14 @@ func findTesseraNode() (string, error) {
 	if p, err := exec.LookPath("tessera-node"); err == nil {
 		candidates = append(candidates, p)
 	}
-	if dir, err := BinDir(); err == nil {
-		candidates = append(candidates, filepath.Join(filepath.Dir(dir), "tessera-node"))
-	}
 	for _, c := range candidates {
-		if fi, err := os.Stat(c); err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0 {
+		if executable(c) {
 			return c, nil
 		}
 	}
-	return "", errors.New("no tessera-node binary next to this program, on PATH or in bin/ (make build)")
+	bin, err := nodebin.TesseraNode(ctx, nodebin.Options{Out: out}, nodebin.ModuleVersion())
+	if err != nil {
+		return "", fmt.Errorf("no tessera-node next to this program or on PATH, and %w", err)
+	}
+	return bin, nil
 }
