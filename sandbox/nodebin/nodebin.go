@@ -333,13 +333,9 @@ func build(ctx context.Context, goCmd, src, dir string, b Binary, p *binbuild.Pr
 			return err
 		}
 		defer os.RemoveAll(gobin)
-		cflags := os.Getenv("CGO_CFLAGS")
-		if cflags == "" {
-			cflags = "-O2 -g -Wno-deprecated-declarations" // go-nvml's deprecated declarations
-		}
 		cmd = exec.CommandContext(ctx, goCmd, "install", "-trimpath", "-ldflags", hookLDFlags(), b.Package+"@"+ToolkitVersion())
 		cmd.Dir = dir
-		env = binbuild.Env("CGO_ENABLED=1", "CGO_CFLAGS="+cflags, "GOBIN="+gobin)
+		env = binbuild.Env("CGO_ENABLED=1", "CGO_CFLAGS="+quietCFlags(), "GOBIN="+gobin)
 	}
 	cmd.Env = env
 	if err := p.Run(cmd, step, b.Name); err != nil {
