@@ -30,8 +30,18 @@ require (
 
 require (
 	github.com/NVIDIA/nvidia-container-toolkit v1.18.2
+	github.com/google/go-cmp v0.7.0 // indirect
 	github.com/sirupsen/logrus v1.9.4 // indirect
-	golang.org/x/mod v0.41.0 // indirect
+	k8s.io/cloud-provider v0.37.2 // indirect
+	k8s.io/controller-manager v0.37.2 // indirect
+	k8s.io/csi-translation-lib v0.37.2 // indirect
+	// k8s.io/kubernetes requires its staging modules at v0.0.0 and replaces them with its own
+	// staging directories; as a dependency its replaces do not apply, and listing every staging
+	// module it needs here at v0.37.2 is enough (the pruned module graph never asks the proxy for
+	// v0.0.0). No replace lines, so `go install github.com/tessera-gpu/tessera/cmd/tessera@v`
+	// works (TestInstalledCLIRunsOutsideACheckout); keep them out.
+	k8s.io/kube-scheduler v0.37.2
+	k8s.io/kubernetes v1.37.2
 )
 
 require (
@@ -111,7 +121,7 @@ require (
 	gopkg.in/evanphx/json-patch.v4 v4.13.0
 	gopkg.in/inf.v0 v0.9.1 // indirect
 	helm.sh/helm/v3 v3.22.0
-	k8s.io/apiserver v0.37.2 // indirect
+	k8s.io/apiserver v0.37.2
 	k8s.io/kube-openapi v0.0.0-20260721132016-d427ff9ee9ad // indirect
 	sigs.k8s.io/randfill v1.0.0 // indirect
 	sigs.k8s.io/structured-merge-diff/v6 v6.4.2 // indirect

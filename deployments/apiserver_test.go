@@ -514,9 +514,18 @@ func TestRBAC(t *testing.T) {
 		{"list", rs, "resourceclaims", other, "", false},
 		{"watch", rs, "resourceclaims", other, "", false},
 		{"update", rs, "resourceclaims", other, "x", false},
-		{"update", rs, "resourceclaims/status", other, "x", false},
+		// status.devices only (the API server checks the driver verb and
+		// the node; allocation takes resourceclaims/binding).
+		{"update", rs, "resourceclaims/status", other, "x", true},
+		{"associated-node:update", rs, "resourceclaims/driver", other, "gpu.tessera.dev", true},
+		{"associated-node:update", rs, "resourceclaims/driver", other, "gpu.nvidia.com", false},
+		{"arbitrary-node:update", rs, "resourceclaims/driver", other, "gpu.tessera.dev", false},
 		{"update", rs, "resourceclaims/binding", other, "x", false},
-		// No pod may be written by it in any way.
+		// Pods: only its MPS daemon pods, in its own namespace (the
+		// admission policy narrows them further), and nothing else.
+		{"create", "", "pods", ns, "", true},
+		{"delete", "", "pods", ns, "x", true},
+		{"update", "", "pods", ns, "x", false},
 		{"create", "", "pods", other, "", false},
 		{"update", "", "pods", other, "x", false},
 		{"patch", "", "pods", other, "x", false},
@@ -539,6 +548,14 @@ func TestRBAC(t *testing.T) {
 		{"update", rs, "resourceclaims/binding", other, "x", true},
 		{"create", sg, "podgroups", other, "", true},
 		{"update", sg, "queues/status", "", "x", true},
+		// The kube-scheduler's volume binder and filters; the Kubernetes gang API.
+		{"update", "", "persistentvolumeclaims", other, "x", true},
+		{"update", "", "persistentvolumes", "", "x", true},
+		{"watch", "storage.k8s.io", "csistoragecapacities", other, "", true},
+		{"watch", rs, "devicetaintrules", "", "", true},
+		{"watch", "scheduling.k8s.io", "podgroups", other, "", true},
+		{"update", "scheduling.k8s.io", "podgroups/status", other, "x", true},
+		{"update", "scheduling.k8s.io", "podgroups", other, "x", false},
 		{"create", "coordination.k8s.io", "leases", ns, "", true},
 		{"update", "coordination.k8s.io", "leases", ns, leaseName, true},
 		// It never deletes or edits pods, never writes queues, leases of
@@ -548,7 +565,10 @@ func TestRBAC(t *testing.T) {
 		{"update", "", "pods", other, "x", false},
 		{"patch", "", "pods", other, "x", false},
 		{"create", "", "pods", other, "", false},
-		{"delete", rs, "resourceclaims", other, "x", false},
+		// Claims: deleting one is allowed by RBAC for the claims of pods' DRA extended
+		// resources, which the admission policy alone lets through
+		// (TestSchedulerVolumeAndClaimWritesAreNarrowed).
+		{"delete", rs, "resourceclaims", other, "x", true},
 		{"update", rs, "resourceslices", "", "x", false},
 		{"delete", rs, "resourceslices", "", "x", false},
 		{"create", sg, "queues", "", "", false},

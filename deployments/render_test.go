@@ -196,10 +196,11 @@ func TestDefaultRender(t *testing.T) {
 		t.Errorf("PDB selector %v does not select the scheduler pods %v", pdb.Spec.Selector, dep.Spec.Template.Labels)
 	}
 
-	if got := names(ofKind(r, "ValidatingAdmissionPolicy")); !slices.Equal(got, []string{"tessera-node-own-slices", "tessera-scheduler-writes"}) {
+	wantPolicies := []string{"tessera-node-mps-daemons", "tessera-node-own-slices", "tessera-scheduler-writes"}
+	if got := names(ofKind(r, "ValidatingAdmissionPolicy")); !slices.Equal(got, wantPolicies) {
 		t.Errorf("admission policies = %v", got)
 	}
-	if got := names(ofKind(r, "ValidatingAdmissionPolicyBinding")); !slices.Equal(got, []string{"tessera-node-own-slices", "tessera-scheduler-writes"}) {
+	if got := names(ofKind(r, "ValidatingAdmissionPolicyBinding")); !slices.Equal(got, wantPolicies) {
 		t.Errorf("admission policy bindings = %v", got)
 	}
 	// Admission policies come before anything that could write a slice.
@@ -210,8 +211,21 @@ func TestDefaultRender(t *testing.T) {
 	node := typed(t, r, "ClusterRole", "tessera-node", &rbacv1.ClusterRole{})
 	for _, v := range []string{"get", "list", "create", "update", "patch", "delete"} {
 		if hasRule(node.Rules, "", "pods", v) {
-			t.Errorf("the node agent may %s pods", v)
+			t.Errorf("the node agent may %s pods cluster-wide", v)
 		}
+	}
+	// Its claims' MPS daemon pods, in its own namespace only.
+	daemons := typed(t, r, "Role", "tessera-node-mps-daemons", &rbacv1.Role{})
+	if daemons.Namespace != testNamespace || !hasRule(daemons.Rules, "", "pods", "create") || !hasRule(daemons.Rules, "", "pods", "delete") || hasRule(daemons.Rules, "", "pods", "update") {
+		t.Errorf("MPS daemon role %+v", daemons)
+	}
+	for _, arg := range []string{"--mps-daemon=pod", "--mps-daemon-namespace=$(POD_NAMESPACE)", "--mps-daemon-runtime-class=nvidia", "--mps-daemon-image=" + c.Image} {
+		if !slices.Contains(c.Args, arg) {
+			t.Errorf("node args %v lack %s", c.Args, arg)
+		}
+	}
+	if !hasRule(node.Rules, "resource.k8s.io", "resourceclaims/status", "update") || !hasRule(node.Rules, "resource.k8s.io", "resourceclaims/driver", "associated-node:update") {
+		t.Error("the node plugin must be able to write its claims' status.devices")
 	}
 	if !hasRule(node.Rules, "resource.k8s.io", "resourceclaims", "get") || hasRule(node.Rules, "resource.k8s.io", "resourceclaims", "list") {
 		t.Error("the node agent must get claims by name and never list them")
@@ -510,8 +524,8 @@ node:
 			if !slices.Contains(args, "--leader-elect=false") || !slices.Contains(args, "--topology-keys=nvidia.com/gpu.clique,topology.kubernetes.io/zone") || args[len(args)-1] != "--spread" {
 				t.Errorf("args = %v", args)
 			}
-			if n := len(ofKind(r, "Role")) + len(ofKind(r, "PodDisruptionBudget")); n != 0 {
-				t.Errorf("%d lease Roles or PDBs rendered without leader election", n)
+			if got := names(ofKind(r, "Role")); !slices.Equal(got, []string{"tessera-node-mps-daemons"}) || len(ofKind(r, "PodDisruptionBudget")) != 0 {
+				t.Errorf("Roles %v (want the node's MPS daemon role only, no lease role) and %d PDBs without leader election", got, len(ofKind(r, "PodDisruptionBudget")))
 			}
 		},
 	},
@@ -530,8 +544,13 @@ node:
 				t.Errorf("scheduler image = %s", img)
 			}
 			vap := ofKind(r, "ValidatingAdmissionPolicy")
-			if len(vap) != 2 || !strings.Contains(mustYAML(t, vap[0].Object), `system:serviceaccount:`+testNamespace+`:gpu-node`) {
-				t.Errorf("the node policy must name the renamed service account")
+			if len(vap) != 3 || !strings.Contains(mustYAML(t, vap[0].Object), `system:serviceaccount:`+testNamespace+`:gpu-node`) || !strings.Contains(mustYAML(t, vap[1].Object), `system:serviceaccount:`+testNamespace+`:gpu-node`) {
+				t.Errorf("the node policies must name the renamed service account")
+			}
+			if !slices.ContainsFunc(vap, func(v *unstructured.Unstructured) bool {
+				return v.GetName() == "gpu-node-mps-daemons" && strings.Contains(mustYAML(t, v.Object), "registry.example.com/tessera@sha256:0123")
+			}) {
+				t.Errorf("the MPS daemon policy must allow the pinned image only")
 			}
 		},
 	},

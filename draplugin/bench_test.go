@@ -14,7 +14,12 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
+	"k8s.io/component-base/metrics/testutil"
+
 	"github.com/tessera-gpu/tessera/draplugin/checkpoint"
+	"github.com/tessera-gpu/tessera/draplugin/executor"
+	"github.com/tessera-gpu/tessera/draplugin/internal/faketools"
+	"github.com/tessera-gpu/tessera/draplugin/sharing"
 	"github.com/tessera-gpu/tessera/test/framework"
 )
 
@@ -66,15 +71,112 @@ func BenchmarkPrepare(b *testing.B) {
 		benchPrepare(b, e, p, c)
 	})
 	b.Run("fractionalMPS", func(b *testing.B) {
-		// Another share keeps the GPU's MPS daemon running, as on a busy
-		// node; the measured claim only adds its client limits.
-		other := e.claim(framework.UniqueName("bench-other"), []request{{name: "s", class: "shared", memory: "1Gi"}})
-		if res, err := p.PrepareResourceClaims(e.ctx, []*resourceapi.ResourceClaim{other}); err != nil || res[other.UID].Err != nil {
-			b.Fatal(err)
-		}
+		// Each share claim starts its own MPS daemon, in a pod of its own
+		// (the runner plays the kubelet; its container start is immediate,
+		// a real kubelet's takes about a second more).
 		c := e.claim(framework.UniqueName("bench-share"), []request{{name: "s", class: "shared", memory: "10Gi", compute: "25"}})
 		benchPrepare(b, e, p, c)
 	})
+}
+
+// BenchmarkPrepareMPS measures a share's prepare (1) when its MPS daemon
+// must be started, in a pod (the default) and as a child process, and (2)
+// when the daemon runs already (a retried prepare: it is adopted, its
+// limits read back).
+func BenchmarkPrepareMPS(b *testing.B) {
+	e := newEnv(b)
+	share := []request{{name: "s", class: "shared", memory: "10Gi", compute: "25"}}
+	b.Run("daemonStarts/pod", func(b *testing.B) {
+		p := e.start()
+		benchPrepare(b, e, p, e.claim(framework.UniqueName("bench-pod"), share))
+		p.Stop()
+	})
+	b.Run("daemonStarts/process", func(b *testing.B) {
+		p := e.start(func(o *Options) { o.MPSLauncher = sharing.ProcessLauncher{Exec: executor.OS{}} })
+		benchPrepare(b, e, p, e.claim(framework.UniqueName("bench-process"), share))
+		p.Stop()
+	})
+	b.Run("daemonRuns", func(b *testing.B) {
+		p := e.start(func(o *Options) { o.MPSLauncher = sharing.ProcessLauncher{Exec: executor.OS{}} })
+		c := e.claim(framework.UniqueName("bench-runs"), share)
+		spec := sharing.DaemonSpec{ID: string(c.UID), Claim: c.Namespace + "/" + c.Name, Devices: []string{gpuUUID(e, 2)}, PinnedMemoryMiB: []int64{10240}, ActiveThreadPercentage: 25}
+		var durations []time.Duration
+		for b.Loop() {
+			b.StopTimer()
+			if _, err := p.sharing.Start(e.ctx, spec); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+			start := time.Now()
+			res, err := p.PrepareResourceClaims(e.ctx, []*resourceapi.ResourceClaim{c})
+			durations = append(durations, time.Since(start))
+			if err != nil || res[c.UID].Err != nil {
+				b.Fatal(err, res[c.UID].Err)
+			}
+			b.StopTimer()
+			if _, err := p.UnprepareResourceClaims(e.ctx, []kubeletplugin.NamespacedObject{{UID: c.UID}}); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+		}
+		b.StopTimer()
+		reportPercentiles(b, durations)
+		e.release(c)
+		p.Stop()
+	})
+}
+
+// BenchmarkRestartAdopts64 restarts the plugin on a node with 64 prepared
+// MPS claims, each with its daemon in a pod: the timed part is Start, which
+// reconciles the checkpoint and adopts every daemon (asks it, reads its
+// limits back).
+func BenchmarkRestartAdopts64(b *testing.B) {
+	e := newEnvWith(b, 8, "default:\n  gpus:\n  - mode: shared\n    shared:\n      memoryStep: 256Mi\n      defaultMemory: 256Mi\n")
+	claims := make([]*resourceapi.ResourceClaim, 64)
+	for i := range claims {
+		claims[i] = e.claim(fmt.Sprintf("c%d", i), []request{{name: "s", class: "shared", memory: "1Gi", compute: "5"}})
+	}
+	p := e.start()
+	for i := 0; i < len(claims); i += 16 {
+		if res, err := p.PrepareResourceClaims(e.ctx, claims[i:i+16]); err != nil {
+			b.Fatal(err)
+		} else {
+			for _, r := range res {
+				if r.Err != nil {
+					b.Fatal(r.Err)
+				}
+			}
+		}
+	}
+	if n := len(faketools.AliveDaemons(e.mpsDir)); n != 64 {
+		b.Fatalf("%d daemons", n)
+	}
+	var d []time.Duration
+	for b.Loop() {
+		b.StopTimer()
+		p.Stop()
+		b.StartTimer()
+		start := time.Now()
+		var err error
+		p, err = Start(e.ctx, e.options())
+		d = append(d, time.Since(start))
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	if got, _ := testutil.GetCounterMetricValue(p.metrics.recoveredActions.WithLabelValues("mps_adopted")); got != 64 {
+		b.Fatalf("adopted %v daemons, want 64", got)
+	}
+	reportPercentiles(b, d)
+	var un []kubeletplugin.NamespacedObject
+	for _, c := range claims {
+		un = append(un, kubeletplugin.NamespacedObject{UID: c.UID})
+	}
+	if _, err := p.UnprepareResourceClaims(e.ctx, un); err != nil {
+		b.Fatal(err)
+	}
+	p.Stop()
 }
 
 // BenchmarkPrepared512 prepares 512 fractional claims (8 shared GPUs) and

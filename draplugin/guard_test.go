@@ -127,15 +127,16 @@ func TestUnprepareRetries(t *testing.T) {
 	e := newEnv(t)
 	e.start()
 	k := e.kubelet()
-	c := e.claim("share", []request{{name: "s", class: "shared", memory: "1Gi"}})
+	c := e.claim("share", []request{{name: "s", class: "shared", memory: "1Gi"}},
+		claimConfig{json: `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"TimeSlicing","timeSlicing":{"interval":"Long"}}}`})
 	if r := k.prepare(t, e.ctx, c)[string(c.UID)]; r.Error != "" {
 		t.Fatal(r.Error)
 	}
-	e.tools.FailMPS(t, true)
-	if r := k.unprepare(t, e.ctx, c)[string(c.UID)]; !strings.Contains(r.Error, "stop MPS control daemon") {
-		t.Fatalf("unprepare error = %q, want the MPS stop failure", r.Error)
+	e.tools.FailSMI(t, true)
+	if r := k.unprepare(t, e.ctx, c)[string(c.UID)]; !strings.Contains(r.Error, "set time slice") {
+		t.Fatalf("unprepare error = %q, want the time-slice reset failure", r.Error)
 	}
-	e.tools.FailMPS(t, false)
+	e.tools.FailSMI(t, false)
 	if r := k.unprepare(t, e.ctx, c)[string(c.UID)]; r.Error != "" {
 		t.Fatalf("retry: %s", r.Error)
 	}
@@ -266,14 +267,12 @@ func TestParallelClaims(t *testing.T) {
 	if got := len(p.PreparedClaims()); got != 64 {
 		t.Errorf("%d prepared claims, want 64", got)
 	}
-	starts := 0
-	for _, c := range e.tools.Calls() {
-		if strings.Contains(c, "mps-control -d") {
-			starts++
-		}
+	// Each share claim has its own daemon, in a pod of its own.
+	if starts := len(e.tools.CallsMatching("mps-control -d")); starts != 49 {
+		t.Errorf("MPS daemons started %d times, want once per share claim (49)", starts)
 	}
-	if starts != 1 {
-		t.Errorf("MPS daemon started %d times, want once", starts)
+	if pods := len(e.daemonPods()); pods != 49 {
+		t.Errorf("%d daemon pods, want 49", pods)
 	}
 	for kind, want := range map[string]float64{"shared": 49, "mig": 14, "gpu": 1} {
 		if got, err := testutil.GetGaugeMetricValue(p.metrics.preparedDevices.WithLabelValues(kind)); err != nil || got != want {
@@ -302,6 +301,7 @@ func TestParallelClaims(t *testing.T) {
 	if len(st.migs)+len(st.specs)+len(st.daemons)+len(st.recorded) != 0 {
 		t.Errorf("left after unprepare: %+v", st)
 	}
+	e.waitNoDaemonPods()
 }
 
 // TestHealth feeds a GPU's XID through the node agent's broadcaster to the

@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
@@ -30,6 +31,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/draplugin/internal/faketools"
+	"github.com/tessera-gpu/tessera/draplugin/internal/podrunner"
+	"github.com/tessera-gpu/tessera/draplugin/sharing"
 	"github.com/tessera-gpu/tessera/nodeagent/agent"
 	"github.com/tessera-gpu/tessera/nodeagent/discovery"
 	"github.com/tessera-gpu/tessera/nodeagent/nvmlbackend"
@@ -61,13 +64,16 @@ type env struct {
 	ctx      context.Context
 	client   kubernetes.Interface
 	ns       string
+	tenants  []string // more namespaces with claims on the node
 	nodeName string
 	lib      *nvmlbackend.Mock
 	agent    *agent.Agent
 	node     *discovery.Node
 	tools    *faketools.Tools
-	bootID   string
-	classes  map[string]string // "gpu", "mig", "shared" → DeviceClass name
+	// runner runs the node's MPS daemon pods as the kubelet would.
+	runner  *podrunner.Runner
+	bootID  string
+	classes map[string]string // "gpu", "mig", "shared" → DeviceClass name
 
 	registrarDir, pluginDir, cdiDir, mpsDir string
 }
@@ -155,8 +161,45 @@ func newEnvWith(t testing.TB, gpus int, config string) *env {
 	})
 	waitPublished(t, e)
 	e.node, _ = e.agent.Snapshot()
+	// The kubelet's part for the MPS daemon pods the plugin creates: they
+	// run, and outlive plugin restarts, as on a real node. (Started after
+	// the agent so that it stops before the machine's driver root goes.)
+	e.runner = podrunner.Start(ctx, e.client, e.ns, e.nodeName, 2*time.Second)
+	t.Cleanup(e.runner.Stop)
 	return e
 }
+
+// daemonPods lists the claims (daemon IDs) whose MPS daemon pod exists on
+// the node.
+func (e *env) daemonPods() []string {
+	e.t.Helper()
+	ids, err := e.launcher().Launched(e.ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+// waitNoDaemonPods waits until no daemon pod is left on the node (the
+// runner removes a deleted pod once its container stopped).
+func (e *env) waitNoDaemonPods() {
+	e.t.Helper()
+	err := wait.PollUntilContextTimeout(e.ctx, 20*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) {
+		return len(e.daemonPods()) == 0, nil
+	})
+	if err != nil {
+		e.t.Errorf("daemon pods left: %v", e.daemonPods())
+	}
+}
+
+// launcher is how the env's plugins start MPS daemons: a pod each.
+func (e *env) launcher() *sharing.PodLauncher {
+	return &sharing.PodLauncher{Client: e.client, Namespace: e.ns, NodeName: e.nodeName, Image: "tessera:test", MPSDir: e.mpsDir, HostDriverRoot: "/"}
+}
+
+// pipeDir is the host pipe directory of a claim's MPS daemon.
+func (e *env) pipeDir(uid types.UID) string { return sharing.DirsOf(e.mpsDir, string(uid)).Pipe }
 
 // waitPublished waits until the agent published the node's whole pool.
 func waitPublished(t testing.TB, e *env) {
@@ -185,18 +228,20 @@ func waitPublished(t testing.TB, e *env) {
 
 func (e *env) options() Options {
 	return Options{
-		KubeClient:   e.client,
-		NodeName:     e.nodeName,
-		NVML:         e.lib,
-		Node:         e.node,
-		Health:       e.agent.Health(),
-		RegistrarDir: e.registrarDir,
-		PluginDir:    e.pluginDir,
-		CDIDir:       e.cdiDir,
-		MPSDir:       e.mpsDir,
-		BootID:       e.bootID,
-		GPULocks:     e.agent.GPULocks(),
-		Withdraw:     e.agent.Withdraw,
+		KubeClient:      e.client,
+		NodeName:        e.nodeName,
+		NVML:            e.lib,
+		Node:            e.node,
+		Health:          e.agent.Health(),
+		RegistrarDir:    e.registrarDir,
+		PluginDir:       e.pluginDir,
+		CDIDir:          e.cdiDir,
+		MPSDir:          e.mpsDir,
+		BootID:          e.bootID,
+		GPULocks:        e.agent.GPULocks(),
+		Withdraw:        e.agent.Withdraw,
+		MPSLauncher:     e.launcher(),
+		MPSStartTimeout: 20 * time.Second,
 	}
 }
 
@@ -228,7 +273,21 @@ type request struct {
 // allocation in the API.
 func (e *env) claim(name string, reqs []request, configs ...claimConfig) *resourceapi.ResourceClaim {
 	e.t.Helper()
-	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns}}
+	return e.claimIn(e.ns, name, reqs, configs...)
+}
+
+// namespace makes another namespace for claims (another tenant).
+func (e *env) namespace() string {
+	e.t.Helper()
+	ns := framework.Shared(e.t).CreateNamespace(e.t)
+	e.tenants = append(e.tenants, ns)
+	return ns
+}
+
+// claimIn is claim in the namespace ns (the env's or one from namespace).
+func (e *env) claimIn(ns, name string, reqs []request, configs ...claimConfig) *resourceapi.ResourceClaim {
+	e.t.Helper()
+	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}
 	for _, r := range reqs {
 		dr := resourceapi.DeviceRequest{Name: r.name, Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: e.classes[r.class], Count: max(r.count, 1)}}
 		if r.adminAccess {
@@ -256,7 +315,7 @@ func (e *env) claim(name string, reqs []request, configs ...claimConfig) *resour
 			}},
 		})
 	}
-	created, err := e.client.ResourceV1().ResourceClaims(e.ns).Create(e.ctx, c, metav1.CreateOptions{})
+	created, err := e.client.ResourceV1().ResourceClaims(ns).Create(e.ctx, c, metav1.CreateOptions{})
 	if err != nil {
 		e.t.Fatalf("create claim %s: %v", name, err)
 	}
@@ -295,9 +354,13 @@ func (e *env) allocate(claim *resourceapi.ResourceClaim) *resourceapi.ResourceCl
 			mine = append(mine, &sliceList.Items[i])
 		}
 	}
-	claims, err := e.client.ResourceV1().ResourceClaims(e.ns).List(e.ctx, metav1.ListOptions{})
-	if err != nil {
-		e.t.Fatal(err)
+	var claims resourceapi.ResourceClaimList
+	for _, ns := range append([]string{e.ns}, e.tenants...) {
+		list, err := e.client.ResourceV1().ResourceClaims(ns).List(e.ctx, metav1.ListOptions{})
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		claims.Items = append(claims.Items, list.Items...)
 	}
 	state := structured.AllocatedState{
 		AllocatedDevices:         sets.New[structured.DeviceID](),
@@ -337,7 +400,7 @@ func (e *env) allocate(claim *resourceapi.ResourceClaim) *resourceapi.ResourceCl
 	}
 	claim = claim.DeepCopy()
 	claim.Status.Allocation = &results[0]
-	updated, err := e.client.ResourceV1().ResourceClaims(e.ns).UpdateStatus(e.ctx, claim, metav1.UpdateOptions{})
+	updated, err := e.client.ResourceV1().ResourceClaims(claim.Namespace).UpdateStatus(e.ctx, claim, metav1.UpdateOptions{})
 	if err != nil {
 		e.t.Fatalf("store allocation of %s: %v", claim.Name, err)
 	}

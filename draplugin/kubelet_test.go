@@ -17,6 +17,7 @@ import (
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/tessera-gpu/tessera/draplugin/cdi"
+	"github.com/tessera-gpu/tessera/draplugin/internal/faketools"
 	"github.com/tessera-gpu/tessera/nodeagent/devicename"
 	"github.com/tessera-gpu/tessera/nodeagent/nvmlbackend"
 )
@@ -114,24 +115,41 @@ func TestKubeletPrepareUnprepare(t *testing.T) {
 		t.Errorf("a container given the MIG device sees %+v, want exactly %s", v, gi.UUID)
 	}
 
-	// Shared: MPS daemon for GPU 2 and the claim's limits in its env.
+	// Shared: the claim's own MPS daemon for GPU 2, in a pod of its own,
+	// holding the claim's limits; the claim's containers get only the way
+	// to it (spec-level edits: once per container).
 	sr := resp[string(shared.UID)]
 	if len(sr.Devices) != 1 || sr.Devices[0].DeviceName != "gpu-2-shared" || sr.Devices[0].ShareId == nil {
 		t.Fatalf("shared devices = %+v", sr.Devices)
 	}
 	g2, _ := e.node.GPUByMinor(2)
 	sspec := e.readSpec(string(shared.UID))
-	wantEnv := []string{"CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M"}
-	if got := sspec.Devices[0].ContainerEdits.Env; !reflect.DeepEqual(got, wantEnv) {
-		t.Errorf("MPS env = %v, want %v", got, wantEnv)
+	if got := sspec.Devices[0].ContainerEdits.Env; len(got) != 0 {
+		t.Errorf("device env = %v, want none: limits are the daemon's", got)
 	}
-	pipe := filepath.Join(e.mpsDir, g2.UUID, "pipe")
-	if m := sspec.Devices[0].ContainerEdits.Mounts; len(m) != 1 || m[0].HostPath != pipe || m[0].ContainerPath != "/tmp/nvidia-mps" {
-		t.Errorf("MPS mounts = %+v", m)
+	if got := sspec.ContainerEdits.Env; !reflect.DeepEqual(got, []string{"CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"}) {
+		t.Errorf("claim env = %v", got)
 	}
-	wantCalls := []string{"nvidia-cuda-mps-control -d | visible=" + g2.UUID + " pipe=" + pipe + " log=" + filepath.Join(e.mpsDir, g2.UUID, "log") + " | stdin="}
-	if got := e.tools.Calls(); !reflect.DeepEqual(got, wantCalls) {
-		t.Errorf("tool calls = %q, want %q", got, wantCalls)
+	pipe := e.pipeDir(shared.UID)
+	mounts := map[string]string{}
+	for _, m := range sspec.ContainerEdits.Mounts {
+		mounts[m.ContainerPath] = m.HostPath
+	}
+	if !reflect.DeepEqual(mounts, map[string]string{"/tmp/nvidia-mps": pipe, "/dev/shm": filepath.Join(filepath.Dir(pipe), "shm")}) {
+		t.Errorf("MPS mounts = %v", mounts)
+	}
+	st, err := faketools.Daemon(pipe)
+	if err != nil || !st.Reachable(pipe) {
+		t.Fatalf("no daemon on %s: %+v %v", pipe, st, err)
+	}
+	if !reflect.DeepEqual(st.Visible, []string{g2.UUID}) || !reflect.DeepEqual(st.PinnedMemLimit, map[int]string{0: "10240M"}) || st.ActiveThreadPercentage != 25 {
+		t.Errorf("daemon %+v, want GPU 2 with 10240M and 25%%", st)
+	}
+	if got := e.daemonPods(); !reflect.DeepEqual(got, []string{string(shared.UID)}) {
+		t.Errorf("daemon pods %v", got)
+	}
+	if got := e.tools.CallsMatching("mps-control -d"); len(got) != 1 || !strings.Contains(got[0], "visible="+g2.UUID+" mem=0=10240M threads=25") {
+		t.Errorf("daemon starts %q", got)
 	}
 
 	// Asking again returns the same answer and changes nothing.
@@ -160,10 +178,13 @@ func TestKubeletPrepareUnprepare(t *testing.T) {
 	if got := e.specFiles(); len(got) != 0 {
 		t.Errorf("CDI specs left: %v", got)
 	}
-	wantCalls = []string{"nvidia-cuda-mps-control  | visible= pipe=" + pipe + " log=" + filepath.Join(e.mpsDir, g2.UUID, "log") + " | stdin=quit"}
-	if got := e.tools.Calls(); !reflect.DeepEqual(got, wantCalls) {
-		t.Errorf("tool calls at unprepare = %q, want %q", got, wantCalls)
+	if got := e.tools.CallsMatching("quit"); len(got) != 1 {
+		t.Errorf("quit sent %d times at unprepare: %q", len(got), e.tools.Calls())
 	}
+	if faketools.Alive(pipe) {
+		t.Error("MPS daemon alive after unprepare")
+	}
+	e.waitNoDaemonPods()
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
@@ -223,23 +244,26 @@ func TestMIGWithMPS(t *testing.T) {
 	if !strings.HasPrefix(migUUID, "MIG-") {
 		t.Fatalf("no MIG device handle: %q", migUUID)
 	}
-	pipe, log := filepath.Join(e.mpsDir, migUUID, "pipe"), filepath.Join(e.mpsDir, migUUID, "log")
-	want := []string{"nvidia-cuda-mps-control -d | visible=" + migUUID + " pipe=" + pipe + " log=" + log + " | stdin="}
-	if got := e.tools.Calls(); !reflect.DeepEqual(got, want) {
-		t.Errorf("calls = %q, want %q", got, want)
+	// The claim's daemon serves the MIG device by its UUID, with the
+	// configured limits.
+	pipe := e.pipeDir(c.UID)
+	st, err := faketools.Daemon(pipe)
+	if err != nil || !st.Reachable(pipe) || !reflect.DeepEqual(st.Visible, []string{migUUID}) || st.PinnedMemLimit[0] != "20480M" || st.ActiveThreadPercentage != 50 {
+		t.Errorf("daemon %+v, %v", st, err)
+	}
+	if got := e.tools.CallsMatching("mps-control -d"); len(got) != 1 {
+		t.Errorf("daemon starts %q", got)
 	}
 	spec := e.readSpec(string(c.UID))
-	wantEnv := []string{"CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M"}
-	if got := spec.Devices[0].ContainerEdits.Env; !reflect.DeepEqual(got, wantEnv) {
-		t.Errorf("env = %q, want %q", got, wantEnv)
+	if got := spec.ContainerEdits.Env; !reflect.DeepEqual(got, []string{"CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"}) {
+		t.Errorf("env = %q", got)
 	}
 	e.tools.Reset()
 	if r := k.unprepare(t, e.ctx, c)[string(c.UID)]; r.Error != "" {
 		t.Fatal(r.Error)
 	}
-	want = []string{"nvidia-cuda-mps-control  | visible= pipe=" + pipe + " log=" + log + " | stdin=quit"}
-	if got := e.tools.Calls(); !reflect.DeepEqual(got, want) {
-		t.Errorf("calls at unprepare = %q, want %q", got, want)
+	if got := e.tools.CallsMatching("quit"); len(got) != 1 || faketools.Alive(pipe) {
+		t.Errorf("quit calls at unprepare = %q", got)
 	}
 	if got := e.migInstances(); len(got) != 0 {
 		t.Errorf("MIG instances left: %v", got)

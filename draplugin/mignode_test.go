@@ -320,10 +320,10 @@ func TestOrphanMIG(t *testing.T) {
 	}
 }
 
-// TestCheckpointVersions: a wave-1 (v1) checkpoint is read and rewritten
-// as v2 with its claims prepared; a checkpoint of a newer format that this
-// version cannot read stops the start with a clear error and is left, with
-// the claims' specs, exactly as it was.
+// TestCheckpointVersions: a wave-1 (v1) and a v2 checkpoint are read and
+// rewritten as v3 with their claims prepared; a checkpoint of a newer
+// format that this version cannot read stops the start with a clear error
+// and is left, with the claims' specs, exactly as it was.
 func TestCheckpointVersions(t *testing.T) {
 	e := newEnv(t)
 	p := e.start()
@@ -333,35 +333,41 @@ func TestCheckpointVersions(t *testing.T) {
 	}
 	p.Stop()
 	path := filepath.Join(e.pluginDir, "checkpoint.json")
-	v2, _ := os.ReadFile(path)
-	// A whole GPU's record is the same in v1; only the envelope differs.
-	v1 := bytes.Replace(v2, []byte(checkpoint.VersionV2), []byte(checkpoint.VersionV1), 1)
-	if err := os.WriteFile(path, v1, 0o600); err != nil {
-		t.Fatal(err)
+	v3, _ := os.ReadFile(path)
+	// A whole GPU's record is the same in v1, v2 and v3; only the envelope
+	// differs.
+	as := func(version string) []byte {
+		b := bytes.Replace(v3, []byte(`"readableAs":"`+checkpoint.VersionV2+`",`), nil, 1)
+		return bytes.Replace(b, []byte(checkpoint.VersionV3), []byte(version), 1)
 	}
-	p = e.start()
-	if got := p.PreparedClaims(); len(got) != 1 || got[0] != c.UID {
-		t.Fatalf("claims after reading v1: %v", got)
-	}
-	p.Stop()
-	if cp, err := checkpoint.Read(path); err != nil || cp.ReadVersion != checkpoint.VersionV2 {
-		t.Fatalf("rewritten as %v (%v)", cp, err)
+	for _, old := range []string{checkpoint.VersionV1, checkpoint.VersionV2} {
+		if err := os.WriteFile(path, as(old), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		p = e.start()
+		if got := p.PreparedClaims(); len(got) != 1 || got[0] != c.UID {
+			t.Fatalf("claims after reading %s: %v", old, got)
+		}
+		p.Stop()
+		if cp, err := checkpoint.Read(path); err != nil || cp.ReadVersion != checkpoint.VersionV3 {
+			t.Fatalf("%s rewritten as %v (%v)", old, cp, err)
+		}
 	}
 
-	newer := bytes.Replace(v2, []byte(checkpoint.VersionV2), []byte("tessera.gpu/checkpoint-v3"), 1)
+	newer := as("tessera.gpu/checkpoint-v4")
 	if err := os.WriteFile(path, newer, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	specs := e.specFiles()
 	_, err := Start(e.ctx, e.options())
-	if !errors.Is(err, checkpoint.ErrNewerVersion) || !strings.Contains(err.Error(), "checkpoint-v3") {
+	if !errors.Is(err, checkpoint.ErrNewerVersion) || !strings.Contains(err.Error(), "checkpoint-v4") {
 		t.Fatalf("Start on a newer checkpoint: %v", err)
 	}
 	if kept, _ := os.ReadFile(path); !bytes.Equal(kept, newer) || !reflect.DeepEqual(e.specFiles(), specs) {
 		t.Fatal("the refused start changed the checkpoint or the specs")
 	}
 	// The newer version comes back and finds its claim.
-	if err := os.WriteFile(path, v2, 0o600); err != nil {
+	if err := os.WriteFile(path, v3, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	p = e.start()

@@ -16,6 +16,7 @@ import (
 	"github.com/tessera-gpu/tessera/draplugin/cdi"
 	"github.com/tessera-gpu/tessera/draplugin/checkpoint"
 	"github.com/tessera-gpu/tessera/draplugin/executor"
+	"github.com/tessera-gpu/tessera/draplugin/sharing"
 	"github.com/tessera-gpu/tessera/nodeagent/discovery"
 	"github.com/tessera-gpu/tessera/nodeagent/gpulock"
 	"github.com/tessera-gpu/tessera/nodeagent/health"
@@ -107,6 +108,14 @@ type Options struct {
 	// Executor runs nvidia-smi and nvidia-cuda-mps-control (default: child
 	// processes found on PATH).
 	Executor executor.Executor
+	// MPSLauncher starts each claim's MPS control daemon. tessera-node uses
+	// a sharing.PodLauncher (a pod per daemon, which outlives tessera-node);
+	// default: sharing.ProcessLauncher, a child of this process, which dies
+	// with it on a real node (simulated nodes, tests).
+	MPSLauncher sharing.Launcher
+	// MPSStartTimeout bounds how long a prepare waits for a new daemon to
+	// answer (default 40s).
+	MPSStartTimeout time.Duration
 	// Health, when set, feeds device health to the kubelet
 	// (WatchHealthStatus). Without it the plugin declines health reporting.
 	Health HealthSource
@@ -167,6 +176,9 @@ func (o *Options) complete() error {
 	}
 	if o.Executor == nil {
 		o.Executor = executor.OS{}
+	}
+	if o.MPSLauncher == nil {
+		o.MPSLauncher = sharing.ProcessLauncher{Exec: o.Executor}
 	}
 	if o.HealthResend <= 0 {
 		o.HealthResend = 20 * time.Second

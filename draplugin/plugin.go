@@ -45,6 +45,7 @@ type Plugin struct {
 	events     record.EventRecorder
 	stopEvents func()
 	sharing    *sharing.Controller
+	gpus       sharing.GPUSettings
 	metrics    *pluginMetrics
 	helper     *kubeletplugin.Helper
 	cancel     context.CancelFunc
@@ -157,7 +158,8 @@ func newPlugin(ctx context.Context, opts Options) (*Plugin, error) {
 		locks:      locks,
 		events:     broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "tessera-node", Host: opts.NodeName}),
 		stopEvents: broadcaster.Shutdown,
-		sharing:    &sharing.Controller{Exec: opts.Executor, MPSRoot: opts.MPSDir},
+		sharing:    &sharing.Controller{Exec: opts.Executor, Root: opts.MPSDir, Launcher: opts.MPSLauncher, StartTimeout: opts.MPSStartTimeout},
+		gpus:       sharing.GPUSettings{Exec: opts.Executor},
 		metrics:    m,
 		state:      checkpoint.NewData(),
 	}, nil

@@ -30,13 +30,6 @@ import (
 	"github.com/tessera-gpu/tessera/nodeagent/partition"
 )
 
-// Capacity names consumed by fractional claims.
-const (
-	CapacityMemory = "memory"
-	// CapacityCompute is the compute share in percent.
-	CapacityCompute = "compute"
-)
-
 // PrepareResourceClaims implements kubeletplugin.DRAPlugin.
 //
 // Per call: every claim is planned without side effects (devices looked
@@ -64,6 +57,7 @@ func (p *Plugin) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		results[uid] = kubeletplugin.PrepareResult{Err: err}
 	}
 	var planned []*checkpoint.Claim
+	reports := map[types.UID]*claimReport{}
 	for _, claim := range claims {
 		p.metrics.operations.WithLabelValues("prepare").Inc()
 		if rec := p.state.Claims[claim.UID]; rec != nil {
@@ -80,7 +74,7 @@ func (p *Plugin) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 			}
 			delete(p.state.Claims, claim.UID)
 		}
-		rec, err := p.plan(ctx, claim)
+		rec, report, err := p.plan(ctx, claim)
 		if err != nil {
 			fail(claim.UID, err)
 			continue
@@ -91,6 +85,7 @@ func (p *Plugin) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		}
 		p.state.Claims[claim.UID] = rec
 		planned = append(planned, rec)
+		reports[claim.UID] = report
 	}
 	if len(planned) == 0 {
 		return results, nil
@@ -109,7 +104,7 @@ func (p *Plugin) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 
 	var done []*checkpoint.Claim
 	for _, rec := range planned {
-		if err := p.apply(ctx, rec); err != nil {
+		if err := p.apply(ctx, rec, reports[rec.UID]); err != nil {
 			logger.Error(err, "Prepare failed, rolling back", "claim", klog.KRef(rec.Namespace, rec.Name))
 			if uerr := p.undo(ctx, rec); uerr != nil {
 				// Keep the PrepareStarted record: the next start rolls back.
@@ -142,22 +137,24 @@ func (p *Plugin) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	for _, rec := range done {
 		results[rec.UID] = prepareResult(rec)
 		logger.V(2).Info("Prepared claim", "claim", klog.KRef(rec.Namespace, rec.Name), "devices", len(rec.Devices))
+		p.report(ctx, rec, reports[rec.UID])
 	}
 	return results, nil
 }
 
 // needsIntent reports whether a planned claim must be recorded as
 // PrepareStarted before its side effects. Only a MIG instance (found again
-// by its recorded placement) and a time slice (reset from the record) need
-// it: a CDI spec of an unrecorded claim and an MPS daemon without clients
-// are found and removed by startup reconciliation on their own. Skipping
+// by its recorded placement), a time slice and a compute mode (reset from
+// the record) need it: a CDI spec of an unrecorded claim and an MPS daemon
+// without a claim (its directory, its pod) are found and removed by startup
+// reconciliation on their own. Skipping
 // the record saves one fsync'ed write for whole GPUs and MPS shares.
 func needsIntent(rec *checkpoint.Claim) bool {
 	for _, d := range rec.Devices {
 		if d.Kind == checkpoint.KindMIG && !d.MIG.Static {
 			return true
 		}
-		if d.Sharing != nil && d.Sharing.Strategy == string(configapi.TimeSlicingStrategy) {
+		if d.Sharing != nil && (d.Sharing.Strategy == string(configapi.TimeSlicingStrategy) || d.Sharing.ExclusiveProcess) {
 			return true
 		}
 	}
@@ -180,33 +177,42 @@ func prepareResult(rec *checkpoint.Claim) kubeletplugin.PrepareResult {
 
 // plan turns an allocated claim into a PrepareStarted record without any
 // side effect. Every error names the claim.
-func (p *Plugin) plan(ctx context.Context, claim *resourceapi.ResourceClaim) (*checkpoint.Claim, error) {
+func (p *Plugin) plan(ctx context.Context, claim *resourceapi.ResourceClaim) (*checkpoint.Claim, *claimReport, error) {
 	ref := klog.KObj(claim).String()
 	rec := &checkpoint.Claim{UID: claim.UID, Namespace: claim.Namespace, Name: claim.Name, State: checkpoint.PrepareStarted}
+	report := &claimReport{}
 	alloc := claim.Status.Allocation
 	if alloc == nil {
-		return nil, fmt.Errorf("claim %s is not allocated", ref)
+		return nil, nil, fmt.Errorf("claim %s is not allocated", ref)
 	}
 	configs, err := decodeConfigs(alloc.Devices.Config, alloc.Devices.Results)
 	if err != nil {
-		return nil, fmt.Errorf("claim %s: %w", ref, err)
+		return nil, nil, fmt.Errorf("claim %s: %w", ref, err)
 	}
 	used := make([]bool, len(configs))
+	var smPolicies []*configapi.SMPartitionPolicy
 	for _, r := range alloc.Devices.Results {
 		if r.Driver != DriverName {
 			continue
 		}
-		d, err := p.planDevice(r, configs, used)
+		d, policy, err := p.planDevice(r, configs, used)
 		if err != nil {
-			return nil, fmt.Errorf("claim %s: request %q: device %s: %w", ref, r.Request, r.Device, err)
+			return nil, nil, fmt.Errorf("claim %s: request %q: device %s: %w", ref, r.Request, r.Device, err)
 		}
 		rec.Devices = append(rec.Devices, d)
+		smPolicies = append(smPolicies, policy)
 	}
 	if err := unusedConfig(configs, used); err != nil {
-		return nil, fmt.Errorf("claim %s: %w", ref, err)
+		return nil, nil, fmt.Errorf("claim %s: %w", ref, err)
 	}
 	if err := p.guard(rec); err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	if err := p.timeSliceConflicts(rec); err != nil {
+		return nil, nil, err
+	}
+	if err := p.planMPS(ctx, rec, smPolicies, report); err != nil {
+		return nil, nil, fmt.Errorf("claim %s: %w", ref, err)
 	}
 	// A MIG device whose instance exists already at exactly the allocated
 	// profile and placement and belongs to no claim is a static MIG device:
@@ -218,7 +224,7 @@ func (p *Plugin) plan(ctx context.Context, claim *resourceapi.ResourceClaim) (*c
 		}
 		inst, err := p.mig.Find(d.MIG.ParentUUID, d.MIG.GIProfileID, d.MIG.Start)
 		if err != nil {
-			return nil, fmt.Errorf("claim %s: device %s: %w", ref, d.Device, err)
+			return nil, nil, fmt.Errorf("claim %s: device %s: %w", ref, d.Device, err)
 		}
 		switch {
 		case inst != nil && inst.Size == d.MIG.Size && len(inst.CIIDs) > 0 && (d.AdminAccess || !p.migOwned(d.MIG)):
@@ -227,10 +233,10 @@ func (p *Plugin) plan(ctx context.Context, claim *resourceapi.ResourceClaim) (*c
 			d.MIG.GIID, d.MIG.CIID, d.MIG.BootID = inst.GIID, inst.CIIDs[0], p.opts.BootID
 			klog.FromContext(ctx).V(2).Info("Using existing MIG instance", "claim", ref, "device", d.Device, "giID", inst.GIID)
 		case d.AdminAccess:
-			return nil, fmt.Errorf("claim %s: device %s: admin access to a MIG device that does not exist", ref, d.Device)
+			return nil, nil, fmt.Errorf("claim %s: device %s: admin access to a MIG device that does not exist", ref, d.Device)
 		}
 	}
-	return rec, nil
+	return rec, report, nil
 }
 
 // opaqueConfig is one decoded config with the requests it applies to.
@@ -312,16 +318,17 @@ func unusedConfig(configs []opaqueConfig, used []bool) error {
 	return nil
 }
 
-func (p *Plugin) planDevice(r resourceapi.DeviceRequestAllocationResult, configs []opaqueConfig, used []bool) (checkpoint.Device, error) {
+func (p *Plugin) planDevice(r resourceapi.DeviceRequestAllocationResult, configs []opaqueConfig, used []bool) (checkpoint.Device, *configapi.SMPartitionPolicy, error) {
 	d := checkpoint.Device{Requests: []string{r.Request}, Pool: r.Pool, Device: r.Device, ShareID: r.ShareID, AdminAccess: ptr.Deref(r.AdminAccess, false)}
 	target, err := p.currentNode().Lookup(r.Device)
 	if err != nil {
-		return d, err
+		return d, nil, err
 	}
 	d.GPUUUID, d.GPUMinor = target.GPU.UUID, target.GPU.Minor
 	if target.GPU.Lost {
-		return d, fmt.Errorf("GPU %d (%s) is lost (it does not answer NVML)", target.GPU.Minor, target.GPU.UUID)
+		return d, nil, fmt.Errorf("GPU %d (%s) is lost (it does not answer NVML)", target.GPU.Minor, target.GPU.UUID)
 	}
+	var policy *configapi.SMPartitionPolicy
 	switch target.Name.Kind {
 	case devicename.KindGPU, devicename.KindShared:
 		d.Kind = checkpoint.KindGPU
@@ -330,21 +337,30 @@ func (p *Plugin) planDevice(r resourceapi.DeviceRequestAllocationResult, configs
 		}
 		if d.AdminAccess {
 			// Monitoring access: device nodes only, no sharing setup.
-			return d, nil
+			return d, nil, nil
 		}
 		cfg := configFor(configs, used, r.Request, configapi.GpuConfigKind)
 		var gc *configapi.GpuConfig
 		if cfg != nil {
 			gc = cfg.(*configapi.GpuConfig)
+			if gc.Sharing != nil && gc.Sharing.MPS != nil {
+				policy = gc.Sharing.MPS.SMPartition
+			}
 		}
 		var err error
 		d.Sharing, err = gpuSharing(d, gc, r.ConsumedCapacity)
 		if err != nil {
-			return d, err
+			return d, nil, err
+		}
+		if d.Kind == checkpoint.KindGPU && d.Sharing != nil && d.Sharing.Strategy == string(configapi.MPSStrategy) {
+			// A whole GPU shared through the claim's MPS daemon: only its
+			// server may hold a context, so no process of the claim can
+			// use the GPU around the daemon's limits.
+			d.Sharing.ExclusiveProcess = true
 		}
 	case devicename.KindMIG:
 		if target.GPU.Lost {
-			return d, fmt.Errorf("GPU %d (%s) is lost", target.GPU.Minor, target.GPU.UUID)
+			return d, nil, fmt.Errorf("GPU %d (%s) is lost", target.GPU.Minor, target.GPU.UUID)
 		}
 		d.Kind = checkpoint.KindMIG
 		d.MIG = &checkpoint.MIGInstance{
@@ -357,18 +373,21 @@ func (p *Plugin) planDevice(r resourceapi.DeviceRequestAllocationResult, configs
 			Size:        uint32(target.Placement.Size),
 		}
 		if d.AdminAccess {
-			return d, nil
+			return d, nil, nil
 		}
 		if cfg := configFor(configs, used, r.Request, configapi.MigDeviceConfigKind); cfg != nil {
 			if s := cfg.(*configapi.MigDeviceConfig).Sharing; s != nil {
 				d.Sharing = &checkpoint.Sharing{Strategy: string(configapi.MPSStrategy)}
 				applyMPSLimits(d.Sharing, s.MPS)
+				if s.MPS != nil {
+					policy = s.MPS.SMPartition
+				}
 			}
 		}
 	default:
-		return d, fmt.Errorf("unsupported device kind %s", target.Name.Kind)
+		return d, nil, fmt.Errorf("unsupported device kind %s", target.Name.Kind)
 	}
-	return d, nil
+	return d, policy, nil
 }
 
 func applyMPSLimits(s *checkpoint.Sharing, m *configapi.MPSConfig) {
@@ -401,10 +420,10 @@ func gpuSharing(d checkpoint.Device, gc *configapi.GpuConfig, consumed map[resou
 	}
 	s := &checkpoint.Sharing{Strategy: string(configapi.MPSStrategy), MPSDevice: d.GPUUUID}
 	if d.Kind == checkpoint.KindShared {
-		if q, ok := consumed[CapacityMemory]; ok {
+		if q, ok := consumed[contract.CapMemory]; ok {
 			s.PinnedMemoryLimitBytes = q.Value()
 		}
-		if q, ok := consumed[CapacityCompute]; ok && q.Value() > 0 {
+		if q, ok := consumed[contract.CapCompute]; ok && q.Value() > 0 {
 			s.ActiveThreadPercentage = int32(min(q.Value(), 100))
 		}
 	}
@@ -475,8 +494,8 @@ func conflict(a, b checkpoint.Device) bool {
 }
 
 // apply runs the side effects of a planned claim and fills in what they
-// produced (instance IDs, CDI IDs). Caller holds mu.
-func (p *Plugin) apply(ctx context.Context, rec *checkpoint.Claim) error {
+// produced (instance IDs, CDI IDs, the MPS daemon). Caller holds mu.
+func (p *Plugin) apply(ctx context.Context, rec *checkpoint.Claim, report *claimReport) error {
 	ref := rec.Namespace + "/" + rec.Name
 	cdiDevices := make([]cdi.Device, 0, len(rec.Devices))
 	for i := range rec.Devices {
@@ -505,28 +524,44 @@ func (p *Plugin) apply(ctx context.Context, rec *checkpoint.Claim) error {
 		if s := d.Sharing; s != nil {
 			switch configapi.SharingStrategy(s.Strategy) {
 			case configapi.MPSStrategy:
-				if d.Kind == checkpoint.KindMIG {
-					uuid, err := p.mig.DeviceUUID(d.MIG.ParentUUID, d.MIG.GIID, d.MIG.CIID)
-					if err != nil {
+				if s.ExclusiveProcess {
+					if err := p.gpus.SetComputeMode(ctx, d.GPUUUID, sharing.ComputeExclusiveProcess); err != nil {
 						return fmt.Errorf("claim %s: device %s: %w", ref, d.Device, err)
 					}
-					s.MPSDevice = uuid
 				}
-				daemon, err := p.sharing.StartMPS(ctx, s.MPSDevice)
-				if err != nil {
-					return fmt.Errorf("claim %s: device %s: %w", ref, d.Device, err)
-				}
-				p.opts.crashPoint("mps-started")
-				cd.Edits.Env = append(append([]string(nil), cd.Edits.Env...), sharing.ClientEnv(s)...)
-				cd.Edits.Mounts = append(append([]*cdispec.Mount(nil), cd.Edits.Mounts...), cdi.MountEdit(cdi.Mount{HostPath: daemon.PipeDir, ContainerPath: sharing.ContainerPipeDir}))
 			case configapi.TimeSlicingStrategy:
-				if err := p.sharing.SetTimeSlice(ctx, d.GPUUUID, s.TimeSliceInterval); err != nil {
-					return fmt.Errorf("claim %s: device %s: %w", ref, d.Device, err)
+				// The interval is the GPU's: set once for all the claims that
+				// time-slice it (timeSliceConflicts made sure they agree).
+				if !p.otherUser(rec.UID, func(o *checkpoint.Device) bool { return timeSliced(o, d.GPUUUID) }) && !timeSlicedEarlier(rec, i) {
+					if err := p.gpus.SetTimeSlice(ctx, d.GPUUUID, sharing.TimeSlice(s.TimeSliceInterval)); err != nil {
+						return fmt.Errorf("claim %s: device %s: %w", ref, d.Device, err)
+					}
 				}
 				p.opts.crashPoint("timeslice-set")
 			}
 		}
 		cdiDevices = append(cdiDevices, cd)
+	}
+	var claimEdits cdispec.ContainerEdits
+	if rec.MPS != nil {
+		spec, err := p.daemonSpec(rec)
+		if err != nil {
+			return fmt.Errorf("claim %s: %w", ref, err)
+		}
+		daemon, err := p.sharing.Start(ctx, spec)
+		if err != nil {
+			return fmt.Errorf("claim %s: %w", ref, err)
+		}
+		p.opts.crashPoint("mps-started")
+		if spec.StaticPartitioning {
+			rec.MPS.SMPartitions, rec.MPS.SMPartitionChunks = []string{daemon.SMPartition}, []int{daemon.SMPartitionChunks}
+		}
+		report.corrected = daemon.Corrected
+		env, mounts := sharing.ClientEdits(daemon)
+		claimEdits.Env = env
+		for _, m := range mounts {
+			claimEdits.Mounts = append(claimEdits.Mounts, cdi.MountEdit(m))
+		}
 	}
 	// The spec carries the completed record so that a plugin whose
 	// checkpoint is lost can rebuild from the specs.
@@ -545,7 +580,7 @@ func (p *Plugin) apply(ctx context.Context, rec *checkpoint.Claim) error {
 	if err != nil {
 		return fmt.Errorf("claim %s: encode record: %w", ref, err)
 	}
-	if _, err := p.cdi.Write(rec.UID, raw, cdiDevices); err != nil {
+	if _, err := p.cdi.WriteClaim(rec.UID, raw, cdiDevices, claimEdits); err != nil {
 		return err
 	}
 	p.opts.crashPoint("cdi-written")

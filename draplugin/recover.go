@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"go.etcd.io/etcd/client/pkg/v3/fileutil"
@@ -93,7 +94,12 @@ func (p *Plugin) recover(ctx context.Context) error {
 		}
 		logger.Info("Rolling back a prepare that did not complete", "claim", klog.KRef(rec.Namespace, rec.Name))
 		if err := p.undo(ctx, rec); err != nil {
-			return fmt.Errorf("roll back claim %s/%s: %w", rec.Namespace, rec.Name, err)
+			// Never a crash loop: the record stays PrepareStarted, the
+			// kubelet's next prepare of the claim (or the next start)
+			// rolls it back again.
+			logger.Error(err, "Rolling back failed; keeping the record to retry", "claim", klog.KRef(rec.Namespace, rec.Name))
+			p.event(corev1.EventTypeWarning, "RollbackFailed", "rolling back the unfinished prepare of claim %s/%s failed, retried later: %v", rec.Namespace, rec.Name, err)
+			continue
 		}
 		delete(p.state.Claims, uid)
 		p.metrics.recoveredActions.WithLabelValues("rolled_back").Inc()
@@ -200,19 +206,78 @@ func (p *Plugin) removeOrphanSpecs(ctx context.Context) ([]checkpoint.Claim, err
 	return recorded, nil
 }
 
+// stopIdleDaemons stops the MPS daemons no claim of the state has (a
+// daemon started just before a crash, a pod of a claim unprepared while
+// the plugin was down), v2 per-device daemons whose claims are gone, and
+// adopts the daemons of the prepared claims (Controller.Adopt). Nothing
+// here fails the start: what cannot be done is logged, evented and done
+// again at the next start. Caller holds mu.
 func (p *Plugin) stopIdleDaemons(ctx context.Context) error {
-	running, err := p.sharing.Daemons()
+	logger := klog.FromContext(ctx)
+	ids, err := p.sharing.Daemons(ctx)
 	if err != nil {
-		return err
+		logger.Error(err, "Cannot list MPS daemons; idle ones are stopped at the next start")
+		p.event(corev1.EventTypeWarning, "MPSReconcileFailed", "listing MPS control daemons failed: %v", err)
+		ids = nil
 	}
-	for _, uuid := range running {
-		if p.otherUser("", func(d *checkpoint.Device) bool { return d.Sharing != nil && d.Sharing.MPSDevice == uuid }) {
+	owner := map[string]*checkpoint.Claim{}
+	legacy := map[string]bool{}
+	for _, c := range p.state.Claims {
+		if c.MPS != nil {
+			owner[c.MPS.ID] = c
 			continue
 		}
-		if err := p.sharing.StopMPS(ctx, uuid); err != nil {
-			return err
+		for i := range c.Devices {
+			if d := &c.Devices[i]; isMPS(d) && d.Sharing.MPSDevice != "" {
+				legacy[d.Sharing.MPSDevice] = true
+			}
+		}
+	}
+	for _, id := range ids {
+		if owner[id] != nil {
+			continue
+		}
+		if err := p.sharing.Stop(ctx, id); err != nil {
+			logger.Error(err, "Cannot stop an MPS daemon no claim has", "daemon", id)
+			p.event(corev1.EventTypeWarning, "MPSReconcileFailed", "stopping the MPS control daemon %s, which no claim has, failed: %v", id, err)
+			continue
+		}
+		logger.Info("Stopped an MPS control daemon no prepared claim has", "daemon", id)
+		p.metrics.recoveredActions.WithLabelValues("mps_stopped").Inc()
+	}
+	devices, err := p.sharing.LegacyDaemons()
+	if err != nil {
+		logger.Error(err, "Cannot list per-device MPS daemons")
+	}
+	for _, uuid := range devices {
+		if legacy[uuid] {
+			continue
+		}
+		if err := p.sharing.StopLegacy(ctx, uuid); err != nil {
+			logger.Error(err, "Cannot stop a per-device MPS daemon no claim has", "device", uuid)
+			continue
 		}
 		p.metrics.recoveredActions.WithLabelValues("mps_stopped").Inc()
+	}
+	for id, c := range owner {
+		if c.State != checkpoint.PrepareCompleted {
+			continue
+		}
+		up, corrected, err := p.sharing.Adopt(ctx, specOf(c))
+		switch {
+		case err != nil:
+			logger.Error(err, "Cannot adopt the MPS daemon of a prepared claim", "claim", klog.KRef(c.Namespace, c.Name), "daemon", id)
+			p.events.Eventf(claimRef(c), corev1.EventTypeWarning, "MPSDaemonNotAdopted", "tessera-node restarted and could not take over the claim's MPS control daemon: %v", err)
+		case !up:
+			logger.Info("The MPS daemon of a prepared claim does not answer; launched again", "claim", klog.KRef(c.Namespace, c.Name), "daemon", id)
+			p.events.Eventf(claimRef(c), corev1.EventTypeWarning, "MPSDaemonRestarted", "the claim's MPS control daemon did not answer when tessera-node restarted; it was launched again with the same limits")
+			p.metrics.recoveredActions.WithLabelValues("mps_relaunched").Inc()
+		default:
+			p.metrics.recoveredActions.WithLabelValues("mps_adopted").Inc()
+			if len(corrected) > 0 {
+				p.events.Eventf(claimRef(c), corev1.EventTypeWarning, "MPSLimitsSetBack", "the claim's MPS control daemon ran with changed limits, set back: %s", strings.Join(corrected, "; "))
+			}
+		}
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 
 	configapi "github.com/tessera-gpu/tessera/draplugin/api/v1alpha1"
 	"github.com/tessera-gpu/tessera/draplugin/checkpoint"
+	"github.com/tessera-gpu/tessera/draplugin/sharing"
 )
 
 // UnprepareResourceClaims implements kubeletplugin.DRAPlugin. A claim the
@@ -47,6 +48,13 @@ func (p *Plugin) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 		delete(p.state.Claims, c.UID)
 		removed[c.UID] = rec
 	}
+	defer func() {
+		for _, rec := range removed {
+			if _, back := p.state.Claims[rec.UID]; !back {
+				p.clearReport(ctx, rec)
+			}
+		}
+	}()
 	if len(removed) == 0 {
 		return results, nil
 	}
@@ -66,8 +74,9 @@ func (p *Plugin) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 }
 
 // undo reverses everything a prepare of rec may have done, in reverse
-// order: the CDI spec (so no new container gets the device), MPS (the
-// daemon stops with its last client), the time slice (back to Default when
+// order: the CDI spec (so no new container gets the device), the claim's
+// MPS daemon (a v2 record's per-device daemon stops with its last claim),
+// the compute mode (back to DEFAULT), the time slice (back to Default when
 // no other claim time-slices the GPU), and the MIG instance. Each step is
 // idempotent and works from what is recorded before the side effect, so
 // undo also cleans up a prepare that crashed half-way. rec must still be in
@@ -77,23 +86,34 @@ func (p *Plugin) undo(ctx context.Context, rec *checkpoint.Claim) error {
 	if err := p.cdi.Remove(rec.UID); err != nil {
 		errs = append(errs, err)
 	}
+	if rec.MPS != nil {
+		if err := p.sharing.Stop(ctx, rec.MPS.ID); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	reset := map[string]bool{}
 	for i := len(rec.Devices) - 1; i >= 0; i-- {
 		d := &rec.Devices[i]
-		if s := d.Sharing; s != nil {
+		if s := d.Sharing; s != nil && !d.AdminAccess {
 			switch configapi.SharingStrategy(s.Strategy) {
 			case configapi.MPSStrategy:
-				if s.MPSDevice != "" && !p.otherUser(rec.UID, func(o *checkpoint.Device) bool {
-					return o.Sharing != nil && o.Sharing.MPSDevice == s.MPSDevice
+				if rec.MPS == nil && s.MPSDevice != "" && !p.otherUser(rec.UID, func(o *checkpoint.Device) bool {
+					return o.Sharing != nil && o.Sharing.MPSDevice == s.MPSDevice && p.legacyMPS(o)
 				}) {
-					if err := p.sharing.StopMPS(ctx, s.MPSDevice); err != nil {
+					// A v2 record: its device's daemon goes with its last claim.
+					if err := p.sharing.StopLegacy(ctx, s.MPSDevice); err != nil {
+						errs = append(errs, err)
+					}
+				}
+				if s.ExclusiveProcess {
+					if err := p.gpus.SetComputeMode(ctx, d.GPUUUID, sharing.ComputeDefault); err != nil {
 						errs = append(errs, err)
 					}
 				}
 			case configapi.TimeSlicingStrategy:
-				if !p.otherUser(rec.UID, func(o *checkpoint.Device) bool {
-					return o.GPUUUID == d.GPUUUID && o.Sharing != nil && o.Sharing.Strategy == s.Strategy
-				}) {
-					if err := p.sharing.SetTimeSlice(ctx, d.GPUUUID, 0); err != nil {
+				if !reset[d.GPUUUID] && !p.otherUser(rec.UID, func(o *checkpoint.Device) bool { return timeSliced(o, d.GPUUUID) }) {
+					reset[d.GPUUUID] = true
+					if err := p.gpus.SetTimeSlice(ctx, d.GPUUUID, sharing.TimeSliceDefault); err != nil {
 						errs = append(errs, err)
 					}
 				}
@@ -106,6 +126,22 @@ func (p *Plugin) undo(ctx context.Context, rec *checkpoint.Claim) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// legacyMPS says whether d is an MPS device of a claim recorded by v2 (a
+// daemon per device, no Claim.MPS). Caller holds mu.
+func (p *Plugin) legacyMPS(d *checkpoint.Device) bool {
+	if !isMPS(d) {
+		return false
+	}
+	for _, c := range p.state.Claims {
+		for i := range c.Devices {
+			if &c.Devices[i] == d {
+				return c.MPS == nil
+			}
+		}
+	}
+	return false
 }
 
 // destroyOurs destroys the MIG instance the plugin created for d, and

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -40,15 +41,33 @@ func (e *simExecutor) Run(_ context.Context, c executor.Command) ([]byte, error)
 			if err := os.MkdirAll(pipeDir, 0o755); err != nil {
 				return nil, err
 			}
-			return nil, os.WriteFile(control, nil, 0o644)
+			// The daemon's environment holds its limits (draplugin reads them back).
+			return nil, os.WriteFile(control, []byte(strings.Join(c.Env, "\n")), 0o644)
 		case strings.TrimSpace(c.Stdin) == "quit":
 			err := os.Remove(control)
 			if os.IsNotExist(err) {
 				return nil, fmt.Errorf("%s: no MPS daemon running", c)
 			}
 			return nil, err
-		default:
-			return nil, nil // set_default_* commands
+		default: // get_server_list, get_default_*, set_default_*
+			daemonEnv, _ := os.ReadFile(control)
+			env := strings.Split(string(daemonEnv), "\n")
+			var out strings.Builder
+			for _, cmd := range strings.Split(strings.TrimSpace(c.Stdin), "\n") {
+				switch f := strings.Fields(cmd); {
+				case len(f) == 1 && f[0] == "get_default_active_thread_percentage":
+					out.WriteString(cmp.Or(envValue(env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), "100") + "\n")
+				case len(f) == 2 && f[0] == "get_default_device_pinned_mem_limit":
+					lim := "0"
+					for _, kv := range strings.Split(envValue(env, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), ",") {
+						if v, ok := strings.CutPrefix(kv, f[1]+"="); ok {
+							lim = v
+						}
+					}
+					out.WriteString(lim + "\n")
+				}
+			}
+			return []byte(out.String()), nil
 		}
 	}
 	return nil, fmt.Errorf("%s: not available on a simulated node", c.Name)

@@ -53,6 +53,6 @@ config puts in devicePlugin mode.`,
 		},
 	}
 	o.addFlags(cmd.Flags())
-	cmd.AddCommand(newDiscoverCommand())
+	cmd.AddCommand(newDiscoverCommand(), newMPSDaemonCommand())
 	return cmd
 }

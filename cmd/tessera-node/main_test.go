@@ -123,6 +123,18 @@ func TestBadConfigExits(t *testing.T) {
 		r := runBinary(t, "--node-name=n1", "--backend=mock:dgxh100", "--orphan-mig=all")
 		expectCleanFailure(t, r, `--orphan-mig must be one of [destroy keep report], got "all"`)
 	})
+	t.Run("bad mps daemon", func(t *testing.T) {
+		r := runBinary(t, "--node-name=n1", "--backend=mock:dgxh100", "--mps-daemon=systemd")
+		expectCleanFailure(t, r, `--mps-daemon must be pod or process, got "systemd"`)
+	})
+	t.Run("mps-daemon without a claim", func(t *testing.T) {
+		r := runBinary(t, "mps-daemon", "--mps-dir=/run/tessera/mps", "--devices=GPU-1")
+		expectCleanFailure(t, r, `daemon ID "" is not a claim UID`)
+	})
+	t.Run("mps-daemon with a bad device", func(t *testing.T) {
+		r := runBinary(t, "mps-daemon", "--id=c1", "--mps-dir=/run/tessera/mps", "--devices=GPU-1;quit")
+		expectCleanFailure(t, r, `is not a GPU or MIG device UUID`)
+	})
 	t.Run("relative driver root", func(t *testing.T) {
 		r := runBinary(t, "--node-name=n1", "--backend=mock:dgxh100", "--driver-root=run/nvidia/driver")
 		expectCleanFailure(t, r, `--driver-root must be an absolute path`)

@@ -16,6 +16,8 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -27,6 +29,8 @@ import (
 	"github.com/tessera-gpu/tessera/cmd/internal/kubeconfig"
 	"github.com/tessera-gpu/tessera/draplugin"
 	"github.com/tessera-gpu/tessera/draplugin/cdi"
+	"github.com/tessera-gpu/tessera/draplugin/executor"
+	"github.com/tessera-gpu/tessera/draplugin/sharing"
 	"github.com/tessera-gpu/tessera/internal/metricsconv"
 	"github.com/tessera-gpu/tessera/nodeagent/agent"
 	"github.com/tessera-gpu/tessera/nodeagent/deviceplugin"
@@ -61,6 +65,14 @@ type options struct {
 	stateFile           string
 	// The classic device plugin, for GPUs in devicePlugin mode.
 	devicePluginConfig string
+	// Where the claims' MPS control daemons run.
+	mpsDaemon              string
+	mpsDaemonImage         string
+	mpsDaemonPullPolicy    string
+	mpsDaemonNamespace     string
+	mpsDaemonRuntimeClass  string
+	mpsDaemonPriorityClass string
+	mpsStartTimeout        time.Duration
 
 	logging     *logsapi.LoggingConfiguration
 	featureGate featuregate.MutableVersionedFeatureGate
@@ -68,22 +80,26 @@ type options struct {
 
 func newOptions() *options {
 	o := &options{
-		nodeName:       os.Getenv("NODE_NAME"),
-		backend:        nvmlbackend.Real,
-		httpAddress:    ":8080",
-		resyncPeriod:   time.Minute,
-		startupTimeout: 30 * time.Second,
-		probeInterval:  10 * time.Second,
-		registrarDir:   draplugin.DefaultRegistrarDir,
-		pluginDir:      draplugin.DefaultPluginDir,
-		cdiDir:         draplugin.DefaultCDIDir,
-		mpsDir:         draplugin.DefaultMPSDir,
-		podUID:         os.Getenv("POD_UID"),
-		orphanMIG:      string(draplugin.OrphanDestroy),
-		driverRoot:     "/",
-		cdiHookPath:    cdi.DefaultHookPath,
-		logging:        logsapi.NewLoggingConfiguration(),
-		featureGate:    featuregate.NewFeatureGate(),
+		nodeName:            os.Getenv("NODE_NAME"),
+		backend:             nvmlbackend.Real,
+		httpAddress:         ":8080",
+		resyncPeriod:        time.Minute,
+		startupTimeout:      30 * time.Second,
+		probeInterval:       10 * time.Second,
+		registrarDir:        draplugin.DefaultRegistrarDir,
+		pluginDir:           draplugin.DefaultPluginDir,
+		cdiDir:              draplugin.DefaultCDIDir,
+		mpsDir:              draplugin.DefaultMPSDir,
+		podUID:              os.Getenv("POD_UID"),
+		orphanMIG:           string(draplugin.OrphanDestroy),
+		mpsDaemon:           mpsDaemonPod,
+		mpsDaemonNamespace:  os.Getenv("POD_NAMESPACE"),
+		mpsDaemonPullPolicy: string(corev1.PullIfNotPresent),
+		mpsStartTimeout:     40 * time.Second,
+		driverRoot:          "/",
+		cdiHookPath:         cdi.DefaultHookPath,
+		logging:             logsapi.NewLoggingConfiguration(),
+		featureGate:         featuregate.NewFeatureGate(),
 	}
 	// Logging features (contextual logging, JSON options) are the only
 	// feature gates so far; tessera's own would be added to the same gate.
@@ -105,7 +121,60 @@ func (o *options) addPluginFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.containerDriverRoot, "container-driver-root", "", "Where --driver-root is mounted inside this container (default: the same path).")
 	fs.StringVar(&o.cdiHookPath, "nvidia-cdi-hook-path", o.cdiHookPath, "Host path of nvidia-cdi-hook (NVIDIA container toolkit), which the container runtime runs to create the driver libraries' links and update the ldcache; the GPU operator installs it as /usr/local/nvidia/toolkit/nvidia-cdi-hook.")
 	fs.StringVar(&o.stateFile, "state-file", "", "File where the agent keeps the last description of every GPU and their XID/ECC conditions over restarts (default: node-state.json in --kubelet-plugin-dir); it must be on the host.")
+	fs.StringVar(&o.mpsDaemon, "mps-daemon", o.mpsDaemon, "Where each claim's MPS control daemon runs: pod (a pod of its own, bound to this node in --mps-daemon-namespace: it outlives restarts and upgrades of tessera-node) or process (a child of tessera-node, which dies with it: simulated nodes and tessera-node outside a container).")
+	fs.StringVar(&o.mpsDaemonImage, "mps-daemon-image", "", "Image of the MPS daemon pods: tessera's (they run tessera-node mps-daemon). Without it, MPS claims fail to prepare with that reason.")
+	fs.StringVar(&o.mpsDaemonPullPolicy, "mps-daemon-image-pull-policy", o.mpsDaemonPullPolicy, "Pull policy of the MPS daemon pods' image.")
+	fs.StringVar(&o.mpsDaemonNamespace, "mps-daemon-namespace", o.mpsDaemonNamespace, "Namespace of the MPS daemon pods (default $POD_NAMESPACE: tessera-node's own).")
+	fs.StringVar(&o.mpsDaemonRuntimeClass, "mps-daemon-runtime-class", "", "RuntimeClass of the MPS daemon pods (the NVIDIA runtime: it gives a pod exactly its claim's devices and the driver's tools, unprivileged). Empty: the pods are privileged and run the tools chrooted into --driver-root.")
+	fs.StringVar(&o.mpsDaemonPriorityClass, "mps-daemon-priority-class", "", "PriorityClass of the MPS daemon pods (evicting one stops its claim's workloads).")
+	fs.DurationVar(&o.mpsStartTimeout, "mps-start-timeout", o.mpsStartTimeout, "How long a prepare waits for a new MPS daemon to answer.")
 }
+
+// The values of --mps-daemon.
+const (
+	mpsDaemonPod     = "pod"
+	mpsDaemonProcess = "process"
+)
+
+// mpsLauncher is where the claims' MPS daemons start (--mps-daemon).
+func (o *options) mpsLauncher(client kubernetes.Interface) (sharing.Launcher, error) {
+	switch o.mpsDaemon {
+	case mpsDaemonProcess:
+		return sharing.ProcessLauncher{Exec: executor.OS{}}, nil
+	case mpsDaemonPod:
+	default:
+		return nil, fmt.Errorf("--mps-daemon must be %s or %s, got %q", mpsDaemonPod, mpsDaemonProcess, o.mpsDaemon)
+	}
+	var missing []string
+	if o.mpsDaemonImage == "" {
+		missing = append(missing, "--mps-daemon-image")
+	}
+	if o.mpsDaemonNamespace == "" {
+		missing = append(missing, "--mps-daemon-namespace (or $POD_NAMESPACE)")
+	}
+	if len(missing) > 0 {
+		return unconfiguredLauncher{reason: fmt.Sprintf("tessera-node runs with --mps-daemon=pod but without %s: MPS claims cannot be prepared", strings.Join(missing, " and "))}, nil
+	}
+	return &sharing.PodLauncher{
+		Client: client, Namespace: o.mpsDaemonNamespace, NodeName: o.nodeName,
+		Image: o.mpsDaemonImage, PullPolicy: corev1.PullPolicy(o.mpsDaemonPullPolicy),
+		MPSDir: o.mpsDir, RuntimeClassName: o.mpsDaemonRuntimeClass, HostDriverRoot: o.driverRoot,
+		PriorityClassName: o.mpsDaemonPriorityClass,
+		Resources:         corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("32Mi")}},
+	}, nil
+}
+
+// unconfiguredLauncher fails every MPS prepare with the reason; it has
+// nothing to list or remove.
+type unconfiguredLauncher struct{ reason string }
+
+func (u unconfiguredLauncher) Name() string { return mpsDaemonPod }
+func (u unconfiguredLauncher) Launch(context.Context, sharing.DaemonSpec, sharing.Dirs) error {
+	return errors.New(u.reason)
+}
+func (u unconfiguredLauncher) Remove(context.Context, string) error       { return nil }
+func (u unconfiguredLauncher) Launched(context.Context) ([]string, error) { return nil, nil }
+func (u unconfiguredLauncher) Describe(context.Context, string) string    { return u.reason }
 
 func (o *options) addFlags(fs *pflag.FlagSet) {
 	o.addPluginFlags(fs)
@@ -147,6 +216,9 @@ func (o *options) validate() (*partition.Config, error) {
 	}
 	if _, err := nvmlbackend.ParseSpec(o.backend); err != nil {
 		return nil, fmt.Errorf("--backend: %w", err)
+	}
+	if o.mpsDaemon != mpsDaemonPod && o.mpsDaemon != mpsDaemonProcess {
+		return nil, fmt.Errorf("--mps-daemon must be %s or %s, got %q", mpsDaemonPod, mpsDaemonProcess, o.mpsDaemon)
 	}
 	if !slices.Contains(draplugin.OrphanMIGPolicies, draplugin.OrphanMIGPolicy(o.orphanMIG)) {
 		return nil, fmt.Errorf("--orphan-mig must be one of %v, got %q", draplugin.OrphanMIGPolicies, o.orphanMIG)
@@ -197,11 +269,20 @@ func (o *options) pluginComponents(client kubernetes.Interface, fatal func(error
 	if err != nil {
 		return nil, nil, err
 	}
+	launcher, err := o.mpsLauncher(client)
+	if err != nil {
+		return nil, nil, err
+	}
+	if u, ok := launcher.(unconfiguredLauncher); ok {
+		klog.Background().Info("MPS claims cannot be prepared", "reason", u.reason)
+	}
 	draMetrics := metrics.NewKubeRegistry()
 	dpMetrics := &deviceplugin.Gatherer{}
 	return []agent.Component{
 		draplugin.Component(draplugin.Options{
 			KubeClient:       client,
+			MPSLauncher:      launcher,
+			MPSStartTimeout:  o.mpsStartTimeout,
 			RegistrarDir:     o.registrarDir,
 			PluginDir:        o.pluginDir,
 			CDIDir:           o.cdiDir,

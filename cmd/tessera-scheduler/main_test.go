@@ -14,6 +14,7 @@ func TestBadFlagsAreNamed(t *testing.T) {
 	for args, want := range map[string]string{
 		"--max-tries=0":   "--max-tries must be positive",
 		"--parallelism=0": "--parallelism must be positive",
+		"--joint-steps=0": "--joint-steps must be positive",
 		"--leader-elect-lease-duration=1s --leader-elect-renew-deadline=2s": "--leader-elect-lease-duration (1s) must be longer",
 		"--kubeconfig=/does/not/exist":                                      `--kubeconfig "/does/not/exist"`,
 	} {

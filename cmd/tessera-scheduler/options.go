@@ -33,6 +33,10 @@ type options struct {
 	retryPeriod        time.Duration
 	probeNamespace     string
 	starvation         time.Duration
+	formation          time.Duration
+	volumeBind         time.Duration
+	jointSteps         int64
+	maxSteps           int64
 	logging            *logsapi.LoggingConfiguration
 	featureGate        featuregate.MutableVersionedFeatureGate
 }
@@ -55,6 +59,10 @@ func newOptions() *options {
 		retryPeriod:        2 * time.Second,
 		probeNamespace:     "default",
 		starvation:         5 * time.Minute,
+		formation:          2 * time.Minute,
+		volumeBind:         10 * time.Minute,
+		jointSteps:         10000,
+		maxSteps:           500000,
 		logging:            logsapi.NewLoggingConfiguration(),
 		featureGate:        featuregate.NewFeatureGate(),
 	}
@@ -86,6 +94,10 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.renewDeadline, "leader-elect-renew-deadline", o.renewDeadline, "Renew deadline of the leader.")
 	fs.DurationVar(&o.retryPeriod, "leader-elect-retry-period", o.retryPeriod, "Retry period of the candidates.")
 	fs.DurationVar(&o.starvation, "starvation-timeout", o.starvation, "A gang beyond its queue's quota that has not fit for this long (and would fit the empty cluster) holds back other such gangs until it is placed; negative disables.")
+	fs.DurationVar(&o.formation, "gang-formation-timeout", o.formation, "A gang with fewer pods than minMember for this long says so: its PodGroup condition names the workload and how many pods it waits for, an Event is emitted and its pods get PodScheduled=False; negative disables.")
+	fs.DurationVar(&o.volumeBind, "volume-bind-timeout", o.volumeBind, "How long a commit waits for the PV controller to bind a gang's WaitForFirstConsumer volumes before it fails and is undone.")
+	fs.Int64Var(&o.jointSteps, "joint-steps", o.jointSteps, "Work bound of one joint device re-allocation of a gang's pods on a node, in structured-allocator steps.")
+	fs.Int64Var(&o.maxSteps, "max-steps", o.maxSteps, "Work bound of one gang's search, in structured-allocator steps (with --max-tries node evaluations).")
 	fs.StringVar(&o.probeNamespace, "feature-probe-namespace", o.probeNamespace, "Namespace in which DRA feature detection dry-runs a ResourceClaim.")
 	logsapi.AddFlags(o.logging, fs)
 	o.featureGate.AddFlag(fs)
@@ -106,6 +118,12 @@ func (o *options) validate() error {
 		return fmt.Errorf("--max-tries must be positive, got %d", o.maxTries)
 	case o.period <= 0:
 		return fmt.Errorf("--period must be positive, got %s", o.period)
+	case o.jointSteps <= 0:
+		return fmt.Errorf("--joint-steps must be positive, got %d", o.jointSteps)
+	case o.maxSteps <= 0:
+		return fmt.Errorf("--max-steps must be positive, got %d", o.maxSteps)
+	case o.volumeBind <= 0:
+		return fmt.Errorf("--volume-bind-timeout must be positive, got %s", o.volumeBind)
 	case o.parallelism <= 0:
 		return fmt.Errorf("--parallelism must be positive, got %d", o.parallelism)
 	case o.leaderElect && o.leaseDuration <= o.renewDeadline:

@@ -34,12 +34,14 @@ func run(ctx context.Context, o *options) error {
 
 	opts := scheduler.Options{
 		SchedulerName:     o.schedulerName,
-		Solver:            solver.Config{TopologyKeys: o.topologyKeys, Spread: o.spread, MaxTries: o.maxTries},
+		Solver:            solver.Config{TopologyKeys: o.topologyKeys, Spread: o.spread, MaxTries: o.maxTries, JointSteps: o.jointSteps, MaxSteps: o.maxSteps},
 		ProbeNamespace:    o.probeNamespace,
 		GPUDrivers:        o.gpuDrivers,
 		Period:            o.period,
 		Parallelism:       o.parallelism,
 		StarvationTimeout: o.starvation,
+		FormationTimeout:  o.formation,
+		VolumeBindTimeout: o.volumeBind,
 	}
 	if o.catalog {
 		res, err := newCatalogResolver(ctx, cfg, o.clusterDefinitions)

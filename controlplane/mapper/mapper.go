@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
+	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -59,13 +60,24 @@ type Mapping struct {
 	Reason, Message string
 	// Retry: the workload could not be resolved yet; skip the pod this cycle.
 	Retry bool
+	// Upstream names the scheduling.k8s.io PodGroup the pod's spec.schedulingGroup points at,
+	// when the gang comes from the Kubernetes gang API.
+	Upstream string
+	// Workload names the gang's workload for messages ("Job ns/train"); may be empty.
+	Workload string
 }
+
+// ReasonSchedulingGroup: the pod names an upstream PodGroup (spec.schedulingGroup).
+const ReasonSchedulingGroup = "SchedulingGroup"
 
 // Mapper maps pods to gangs.
 type Mapper struct {
 	Resolver Resolver
 	// NamespaceLabels returns a namespace's labels (queue default); nil when unknown.
 	NamespaceLabels func(name string) map[string]string
+	// UpstreamPodGroup returns a scheduling.k8s.io PodGroup, or nil when it is not known (yet);
+	// nil when the API server does not serve the Kubernetes gang API.
+	UpstreamPodGroup func(namespace, name string) *schedulingv1beta1.PodGroup
 }
 
 // Map finds the pod's gang.
@@ -80,6 +92,9 @@ func (m *Mapper) Map(ctx context.Context, pod *v1.Pod) Mapping {
 	}
 	if errors.Is(resolveErr, ErrRetry) {
 		return Mapping{Retry: true, Message: resolveErr.Error()}
+	}
+	if sg := pod.Spec.SchedulingGroup; sg != nil && sg.PodGroupName != nil && m.UpstreamPodGroup != nil {
+		return m.mapUpstream(pod, *sg.PodGroupName, wl)
 	}
 	if wl == nil || wl.Gang == "" {
 		// Fallback: the pod alone is its gang.
@@ -112,8 +127,41 @@ func (m *Mapper) Map(ctx context.Context, pod *v1.Pod) Mapping {
 		pg.Spec.Priority = ptr.Deref(pod.Spec.Priority, 0)
 	}
 	pg.Spec.Workload = &v1alpha1.WorkloadReference{APIVersion: wl.APIVersion, Kind: wl.Kind, Name: wl.Name}
-	return Mapping{Group: pg.Name, Desired: pg, Reason: v1alpha1.ReasonCatalog,
+	return Mapping{Group: pg.Name, Desired: pg, Reason: v1alpha1.ReasonCatalog, Workload: fmt.Sprintf("%s %s/%s", wl.Kind, pod.Namespace, wl.Name),
 		Message: fmt.Sprintf("%s %s, component %s: gang %s of %d pods", wl.Kind, wl.Name, wl.Component, wl.Gang, minMember)}
+}
+
+// mapUpstream takes the gang from the pod's upstream PodGroup (the Kubernetes gang API): its
+// gang policy's minCount (a basic policy is a gang of one at a time: minMember 1), its first
+// topology constraint (required), its priority. The catalog still names the workload (and
+// its queue label).
+func (m *Mapper) mapUpstream(pod *v1.Pod, name string, wl *Workload) Mapping {
+	up := m.UpstreamPodGroup(pod.Namespace, name)
+	if up == nil {
+		return Mapping{Retry: true, Message: fmt.Sprintf("PodGroup %s/%s (scheduling.k8s.io) is not known yet", pod.Namespace, name)}
+	}
+	minMember, policy := int32(1), "basic"
+	if g := up.Spec.SchedulingPolicy.Gang; g != nil {
+		minMember, policy = max(g.MinCount, 1), fmt.Sprintf("gang of %d", g.MinCount)
+	}
+	owner := metav1.OwnerReference{APIVersion: schedulingv1beta1.SchemeGroupVersion.String(), Kind: "PodGroup", Name: up.Name, UID: up.UID, Controller: ptr.To(false)}
+	pg := m.podGroup(pod, groupName("podgroup-"+name), minMember, nil, owner)
+	var labels map[string]string
+	workload := ""
+	if wl != nil {
+		labels = wl.Labels
+		workload = fmt.Sprintf("%s %s/%s", wl.Kind, pod.Namespace, wl.Name)
+		pg.Spec.Workload = &v1alpha1.WorkloadReference{APIVersion: wl.APIVersion, Kind: wl.Kind, Name: wl.Name}
+	} else {
+		pg.Spec.Workload = &v1alpha1.WorkloadReference{APIVersion: schedulingv1beta1.SchemeGroupVersion.String(), Kind: "PodGroup", Name: up.Name}
+	}
+	pg.Spec.Queue = m.queueOf(pod, labels)
+	pg.Spec.Priority = ptr.Deref(up.Spec.Priority, ptr.Deref(pod.Spec.Priority, 0))
+	if c := up.Spec.SchedulingConstraints; c != nil && len(c.Topology) > 0 {
+		pg.Spec.Topology = &v1alpha1.TopologyConstraint{Key: c.Topology[0].Key, Mode: v1alpha1.TopologyRequired}
+	}
+	return Mapping{Group: pg.Name, Desired: pg, Upstream: up.Name, Workload: workload, Reason: ReasonSchedulingGroup,
+		Message: fmt.Sprintf("pod names PodGroup %s (scheduling.k8s.io): %s", up.Name, policy)}
 }
 
 func (m *Mapper) podGroup(pod *v1.Pod, name string, minMember int32, comps []v1alpha1.PodGroupComponent, owner metav1.OwnerReference) *v1alpha1.PodGroup {

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
+	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
@@ -85,5 +86,46 @@ func TestGroupName(t *testing.T) {
 		if got := groupName(in); got != want {
 			t.Errorf("groupName(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// A pod naming an upstream PodGroup (spec.schedulingGroup) is a gang of that PodGroup's
+// gang policy, whatever the catalog says; the catalog still names the workload and its queue.
+func TestMapUpstreamPodGroup(t *testing.T) {
+	job := &Workload{APIVersion: "batch/v1", Kind: "Job", Name: "train", UID: "w1", Component: "worker",
+		Gang: "job-train", MinMember: 8, Labels: map[string]string{v1alpha1.QueueLabel: "wl-queue"}}
+	up := &schedulingv1beta1.PodGroup{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "train-pg", UID: "pg1"},
+		Spec: schedulingv1beta1.PodGroupSpec{
+			SchedulingPolicy:      schedulingv1beta1.PodGroupSchedulingPolicy{Gang: &schedulingv1beta1.GangSchedulingPolicy{MinCount: 4}},
+			SchedulingConstraints: &schedulingv1beta1.PodGroupSchedulingConstraints{Topology: []schedulingv1beta1.TopologyConstraint{{Key: "rack"}}},
+			Priority:              ptr.To[int32](100),
+		},
+	}
+	groups := map[string]*schedulingv1beta1.PodGroup{"ns/train-pg": up}
+	m := Mapper{Resolver: fakeResolver{wl: job}, UpstreamPodGroup: func(ns, name string) *schedulingv1beta1.PodGroup { return groups[ns+"/"+name] }}
+	p := pod(nil, nil)
+	p.Spec.SchedulingGroup = &v1.PodSchedulingGroup{PodGroupName: ptr.To("train-pg")}
+	got := m.Map(context.Background(), p)
+	if got.Retry || got.Upstream != "train-pg" || got.Reason != ReasonSchedulingGroup || got.Desired == nil {
+		t.Fatalf("mapping = %+v", got)
+	}
+	spec := got.Desired.Spec
+	if got.Group != "podgroup-train-pg" || spec.MinMember != 4 || spec.Queue != "wl-queue" || spec.Priority != 100 ||
+		spec.Topology == nil || spec.Topology.Key != "rack" || spec.Topology.Mode != v1alpha1.TopologyRequired {
+		t.Fatalf("desired PodGroup %s = %+v", got.Group, spec)
+	}
+	if got.Workload != "Job ns/train" {
+		t.Errorf("workload = %q", got.Workload)
+	}
+	// A basic policy: a group of one at a time.
+	up.Spec.SchedulingPolicy = schedulingv1beta1.PodGroupSchedulingPolicy{Basic: &schedulingv1beta1.BasicSchedulingPolicy{}}
+	if got := m.Map(context.Background(), p); got.Desired.Spec.MinMember != 1 {
+		t.Errorf("basic policy minMember = %d, want 1", got.Desired.Spec.MinMember)
+	}
+	// Not in the informer yet: retried, not a fallback.
+	p.Spec.SchedulingGroup.PodGroupName = ptr.To("later")
+	if got := m.Map(context.Background(), p); !got.Retry {
+		t.Errorf("unknown upstream PodGroup: %+v, want retry", got)
 	}
 }

@@ -15,6 +15,9 @@ type assumeCache struct {
 	mu     sync.Mutex
 	pods   map[types.UID]string // pod → node
 	claims map[types.UID]*assumedClaim
+	// extended are the extended-resource claims being created, by pod UID: not in the
+	// informers at all until the commit creates them, so they are added to the claim list.
+	extended map[types.UID]*resourceapi.ResourceClaim
 }
 
 // assumedClaim is a claim as it will be (pending: the commit is writing it) or as the API
@@ -25,7 +28,21 @@ type assumedClaim struct {
 }
 
 func newAssumeCache() *assumeCache {
-	return &assumeCache{pods: map[types.UID]string{}, claims: map[types.UID]*assumedClaim{}}
+	return &assumeCache{pods: map[types.UID]string{}, claims: map[types.UID]*assumedClaim{}, extended: map[types.UID]*resourceapi.ResourceClaim{}}
+}
+
+// assumeExtended records the extended-resource claim (with its allocation) a commit is about
+// to create for a pod.
+func (a *assumeCache) assumeExtended(pod types.UID, c *resourceapi.ResourceClaim) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.extended[pod] = c
+}
+
+func (a *assumeCache) forgetExtended(pod types.UID) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.extended, pod)
 }
 
 func (a *assumeCache) reset() {
@@ -33,6 +50,7 @@ func (a *assumeCache) reset() {
 	defer a.mu.Unlock()
 	a.pods = map[types.UID]string{}
 	a.claims = map[types.UID]*assumedClaim{}
+	a.extended = map[types.UID]*resourceapi.ResourceClaim{}
 }
 
 func (a *assumeCache) assumePod(uid types.UID, node string) {
@@ -101,6 +119,30 @@ func (a *assumeCache) overlay(pods []*v1.Pod, claims []*resourceapi.ResourceClai
 	for uid := range a.claims {
 		if !seenClaims[uid] {
 			delete(a.claims, uid)
+		}
+	}
+	// Extended-resource claims being created: until the informers show the created claim
+	// allocated (or its pod is gone), the assumed one holds its devices.
+	if len(a.extended) > 0 {
+		livePods := make(map[types.UID]bool, len(pods))
+		for _, p := range pods {
+			livePods[p.UID] = true
+		}
+		created := map[types.UID]bool{}
+		for _, c := range claims {
+			if c.Annotations[resourceapi.ExtendedResourceClaimAnnotation] != "true" || c.Status.Allocation == nil {
+				continue
+			}
+			for _, o := range c.OwnerReferences {
+				created[o.UID] = true
+			}
+		}
+		for pod, c := range a.extended {
+			if created[pod] || !livePods[pod] {
+				delete(a.extended, pod)
+				continue
+			}
+			outClaims = append(outClaims, c)
 		}
 	}
 	return outPods, outClaims

@@ -60,3 +60,25 @@ func TestAssumeCacheOverlay(t *testing.T) {
 		t.Fatal("assumptions for deleted objects kept")
 	}
 }
+
+// An extended-resource claim being created holds its devices in the overlay until the
+// informer shows the created claim allocated, or its pod is gone.
+func TestAssumeCacheExtendedClaims(t *testing.T) {
+	a := newAssumeCache()
+	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{UID: "p"}}
+	a.assumeExtended("p", claim("<extended-resources>", "", true, "p"))
+	_, claims := a.overlay([]*v1.Pod{pod}, nil)
+	if len(claims) != 1 || claims[0].Status.Allocation == nil {
+		t.Fatalf("claims = %v, want the assumed extended claim", claims)
+	}
+	created := claim("p-extended-resources-x", "5", true, "p")
+	created.Annotations = map[string]string{resourceapi.ExtendedResourceClaimAnnotation: "true"}
+	created.OwnerReferences = []metav1.OwnerReference{{Kind: "Pod", Name: "p", UID: "p"}}
+	if _, claims = a.overlay([]*v1.Pod{pod}, []*resourceapi.ResourceClaim{created}); len(claims) != 1 || claims[0].Name != created.Name {
+		t.Fatalf("claims = %v, want only the created one", claims)
+	}
+	a.assumeExtended("p", claim("<extended-resources>", "", true, "p"))
+	if _, claims = a.overlay(nil, nil); len(claims) != 0 || len(a.extended) != 0 {
+		t.Fatal("extended claim of a deleted pod kept")
+	}
+}

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -9,33 +10,44 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
+	"github.com/tessera-gpu/tessera/controlplane/decide"
 	"github.com/tessera-gpu/tessera/controlplane/solver"
 )
 
-// Hooks let tests interrupt a commit the way a crash would.
+// Hooks let tests interrupt a commit the way a crash or a failing API server would.
 type Hooks struct {
 	// BeforeClaimWrite is called before the n-th claim write of a commit (0-based). An error
 	// aborts the commit at once, without undoing anything, like a killed process.
 	BeforeClaimWrite func(n int) error
+	// BeforeBind is called before each binding attempt of a pod (attempt counts from 0); an
+	// error is taken as the binding's failure.
+	BeforeBind func(pod *v1.Pod, attempt int) error
 }
 
 // errCrashed marks a commit aborted by a hook: nothing is undone.
 var errCrashed = errors.New("commit aborted by hook")
 
 // committer writes a solved gang to the API: for every pod, its claims' allocation and
-// reservedFor (optimistic concurrency on resourceVersion), then the pod bindings. On failure it
-// undoes the claim writes of pods that are not bound.
+// reservedFor (optimistic concurrency on resourceVersion), its extended-resource claim, its
+// volumes (the volume binder's PreBind), then the pod bindings. On failure it undoes what it
+// wrote for pods that are not bound; a gang whose binding fails part-way is completed (failed
+// bindings retried) or, if that does not succeed within one period, rolled back.
 type committer struct {
 	client      kubernetes.Interface
 	hooks       Hooks
 	parallelism int
+	clock       clock.Clock
+	period      time.Duration
 }
 
 // claimWrite is one claim update of a commit.
@@ -43,6 +55,10 @@ type claimWrite struct {
 	claim      *resourceapi.ResourceClaim
 	allocation *resourceapi.AllocationResult // nil: reserve only
 	pod        *v1.Pod
+	consumer   resourceapi.ResourceClaimConsumerReference
+	// created: the claim was created by this commit (a pod's extended-resource claim);
+	// undo deletes it.
+	created bool
 	// written is the claim as the API returned it, once done.
 	written *resourceapi.ResourceClaim
 }
@@ -51,22 +67,51 @@ type claimWrite struct {
 type commitResult struct {
 	claims []*resourceapi.ResourceClaim // as written (for the assume cache)
 	bound  []*v1.Pod
+	// rolledBack: the binding failed part-way and the bound pods were deleted.
+	rolledBack bool
+	deleted    []*v1.Pod
 }
 
-func (c *committer) commit(ctx context.Context, res *solver.Result) (*commitResult, error) {
+// completionWindow is how long failed bindings of a partly bound gang are retried.
+func (c *committer) completionWindow() time.Duration { return max(c.period, time.Second) }
+
+func (c *committer) commit(ctx context.Context, p *decide.Placement) (*commitResult, error) {
 	logger := klog.FromContext(ctx)
-	// Claims first, for all pods, so that no pod is bound before every device of the gang is
-	// held: a gang never starts half-placed because a later claim conflicted.
+	res := p.Result
+	// Extended-resource claims are created first (with generateName), so that their writes
+	// below work like any other claim's.
 	var writes []*claimWrite
-	reserveOnly := map[string]bool{}
-	for i := range res.Placements {
-		p := &res.Placements[i]
-		for _, ca := range p.Allocate {
-			writes = append(writes, &claimWrite{claim: ca.Claim, allocation: ca.Allocation, pod: p.Pod})
+	extended := map[types.UID]*resourceapi.ResourceClaim{} // pod → its created claim
+	undoCreated := func() {
+		for _, cl := range extended {
+			c.deleteClaim(ctx, cl)
 		}
-		for _, cl := range p.Reserve {
-			reserveOnly[cl.Namespace+"/"+cl.Name] = true
-			writes = append(writes, &claimWrite{claim: cl, pod: p.Pod})
+	}
+	for i := range res.Placements {
+		pl := &res.Placements[i]
+		if pl.Extended == nil {
+			continue
+		}
+		claim := pl.Extended.Claim.DeepCopy()
+		claim.Name, claim.UID = "", ""
+		created, err := c.client.ResourceV1().ResourceClaims(claim.Namespace).Create(ctx, claim, metav1.CreateOptions{})
+		if err != nil {
+			undoCreated()
+			return nil, fmt.Errorf("create extended-resource claim for pod %s: %w", klog.KObj(pl.Pod), err)
+		}
+		extended[pl.Pod.UID] = created
+		writes = append(writes, &claimWrite{claim: created, allocation: pl.Extended.Allocation, pod: pl.Pod, created: true,
+			consumer: resourceapi.ResourceClaimConsumerReference{Resource: "pods", Name: pl.Pod.Name, UID: pl.Pod.UID}})
+	}
+	// Claims, for all pods, before any binding: no pod is bound before every device of its
+	// gang is held, so a gang never starts half-placed because a later claim conflicted.
+	for i := range res.Placements {
+		pl := &res.Placements[i]
+		for _, ca := range pl.Allocate {
+			writes = append(writes, &claimWrite{claim: ca.Claim, allocation: ca.Allocation, pod: pl.Pod, consumer: consumerOf(pl.Pod, pl.Consumers, ca.Claim)})
+		}
+		for _, cl := range pl.Reserve {
+			writes = append(writes, &claimWrite{claim: cl, pod: pl.Pod, consumer: consumerOf(pl.Pod, pl.Consumers, cl)})
 		}
 	}
 	// Allocating writes run in parallel; reserve-only writes of claims shared inside the gang
@@ -129,41 +174,247 @@ func (c *committer) commit(ctx context.Context, res *solver.Result) (*commitResu
 	for _, w := range writes {
 		out.claims = append(out.claims, w.written)
 	}
-	// Bind.
-	sem := make(chan struct{}, c.parallelism)
+	// The kubelet finds an extended-resource claim through the pod's status.
+	for i := range res.Placements {
+		pl := &res.Placements[i]
+		if cl := extended[pl.Pod.UID]; cl != nil {
+			if err := c.patchExtendedStatus(ctx, pl.Pod, cl, pl.Extended.Mappings); err != nil {
+				c.undo(ctx, writes, nil)
+				return nil, err
+			}
+		}
+	}
+	// Volumes: the volume binder's PreBind for every pod that has volumes to bind, in
+	// parallel; it waits until the PV controller has bound them.
+	if err := c.bindVolumes(ctx, res); err != nil {
+		c.undo(ctx, writes, nil)
+		return nil, err
+	}
+	// Bind; complete a partial binding within one period, else roll it back.
+	bound, bindErr := c.bindAll(ctx, res)
+	out.bound = bound
+	if bindErr == nil {
+		return out, nil
+	}
+	boundSet := map[*v1.Pod]bool{}
+	for _, pod := range bound {
+		boundSet[pod] = true
+	}
+	if len(bound) > 0 && p.AlreadyBound+len(bound) < p.MinMember {
+		// Some pods bound, too few for the gang: evict them so that the gang is not left
+		// half-bound (their controllers recreate them and the gang is placed anew). Eviction,
+		// like reclaim, is the only way the scheduler takes pods away (it may not delete
+		// pods); a PodDisruptionBudget that refuses is retried within the same window.
+		logger.Info("Binding failed part-way; rolling back the bound pods", "podGroup", p.Key, "bound", len(bound), "pods", len(res.Placements), "err", bindErr)
+		out.rolledBack = true
+		for _, pod := range bound {
+			if err := c.evict(ctx, pod); err != nil {
+				logger.Error(err, "Evict bound pod of a rolled-back gang", "pod", klog.KObj(pod))
+				continue
+			}
+			out.deleted = append(out.deleted, pod)
+		}
+		boundSet = nil
+	}
+	logger.Info("Binding failed, undoing claims of unbound pods", "err", bindErr, "bound", len(bound), "pods", len(res.Placements))
+	c.undo(ctx, writes, boundSet)
+	return out, bindErr
+}
+
+// bindAll binds every pod; bindings that fail with an error that may pass (not a pod that
+// is gone) are retried until the completion window has passed.
+func (c *committer) bindAll(ctx context.Context, res *solver.Result) ([]*v1.Pod, error) {
+	deadline := c.clock.Now().Add(c.completionWindow())
+	todo := make([]*solver.Placement, 0, len(res.Placements))
+	for i := range res.Placements {
+		todo = append(todo, &res.Placements[i])
+	}
+	var bound []*v1.Pod
+	backoff := 50 * time.Millisecond
+	for attempt := 0; ; attempt++ {
+		sem := make(chan struct{}, c.parallelism)
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var failed []*solver.Placement
+		var lastErr error
+		final := false
+		for _, pl := range todo {
+			sem <- struct{}{}
+			wg.Add(1)
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				err := c.bind(ctx, pl, attempt)
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					failed = append(failed, pl)
+					lastErr = fmt.Errorf("bind pod %s to %s: %w", klog.KObj(pl.Pod), pl.Node, err)
+					if apierrors.IsNotFound(err) || apierrors.IsInvalid(err) {
+						final = true // the pod is gone or the binding can never be valid
+					}
+					return
+				}
+				bound = append(bound, pl.Pod)
+			}()
+		}
+		wg.Wait()
+		if len(failed) == 0 {
+			return bound, nil
+		}
+		if final || ctx.Err() != nil || !c.clock.Now().Add(backoff).Before(deadline) {
+			return bound, lastErr
+		}
+		select {
+		case <-ctx.Done():
+			return bound, lastErr
+		case <-c.clock.After(backoff):
+		}
+		backoff = min(2*backoff, time.Second)
+		todo = failed
+	}
+}
+
+func (c *committer) bind(ctx context.Context, pl *solver.Placement, attempt int) error {
+	if c.hooks.BeforeBind != nil {
+		if err := c.hooks.BeforeBind(pl.Pod, attempt); err != nil {
+			return err
+		}
+	}
+	return c.client.CoreV1().Pods(pl.Pod.Namespace).Bind(ctx, &v1.Binding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: pl.Pod.Namespace, Name: pl.Pod.Name, UID: pl.Pod.UID},
+		Target:     v1.ObjectReference{Kind: "Node", Name: pl.Node},
+	}, metav1.CreateOptions{})
+}
+
+// evict evicts a pod through the Eviction API (with its UID as precondition), retrying
+// refusals (a PodDisruptionBudget, 429) for up to the completion window.
+func (c *committer) evict(ctx context.Context, pod *v1.Pod) error {
+	ctx = context.WithoutCancel(ctx)
+	deadline := c.clock.Now().Add(c.completionWindow())
+	for {
+		err := c.client.PolicyV1().Evictions(pod.Namespace).Evict(ctx, &policyv1.Eviction{
+			ObjectMeta:    metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name},
+			DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pod.UID}},
+		})
+		if err == nil || apierrors.IsNotFound(err) {
+			return nil
+		}
+		if !apierrors.IsTooManyRequests(err) || !c.clock.Now().Before(deadline) {
+			return err
+		}
+		<-c.clock.After(100 * time.Millisecond)
+	}
+}
+
+// bindVolumes runs the volume binder's PreBind for every pod with volumes. On failure the
+// volume writes of every pod of the gang are undone.
+func (c *committer) bindVolumes(ctx context.Context, res *solver.Result) error {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
-	bound := map[*v1.Pod]bool{}
-	var firstErr error
+	var first error
+	some := false
 	for i := range res.Placements {
-		p := &res.Placements[i]
-		sem <- struct{}{}
+		pl := &res.Placements[i]
+		if !pl.Volumes.Any() {
+			continue
+		}
+		some = true
 		wg.Add(1)
 		go func() {
-			defer func() { <-sem; wg.Done() }()
-			err := c.client.CoreV1().Pods(p.Pod.Namespace).Bind(ctx, &v1.Binding{
-				ObjectMeta: metav1.ObjectMeta{Namespace: p.Pod.Namespace, Name: p.Pod.Name, UID: p.Pod.UID},
-				Target:     v1.ObjectReference{Kind: "Node", Name: p.Node},
-			}, metav1.CreateOptions{})
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				if firstErr == nil {
-					firstErr = fmt.Errorf("bind pod %s to %s: %w", klog.KObj(p.Pod), p.Node, err)
+			defer wg.Done()
+			if err := pl.Volumes.Bind(ctx); err != nil {
+				mu.Lock()
+				if first == nil {
+					first = err
 				}
-				return
+				mu.Unlock()
 			}
-			bound[p.Pod] = true
-			out.bound = append(out.bound, p.Pod)
 		}()
 	}
 	wg.Wait()
-	if firstErr != nil {
-		logger.Info("Binding failed, undoing claims of unbound pods", "err", firstErr, "bound", len(out.bound), "pods", len(res.Placements))
-		c.undo(ctx, writes, bound)
-		return out, firstErr
+	if first == nil {
+		return nil
 	}
-	return out, nil
+	if some {
+		for i := range res.Placements {
+			c.undoVolumes(ctx, res.Placements[i].Pod)
+		}
+	}
+	return fmt.Errorf("volumes: %w", first)
+}
+
+// selectedNodeAnnotation is what the volume binder sets on a claim to be provisioned.
+const selectedNodeAnnotation = "volume.kubernetes.io/selected-node"
+
+// undoVolumes takes back the volume binder's writes for a pod whose claims are not bound
+// yet: a PersistentVolume's claimRef to the pod's claim, a claim's selected-node annotation.
+// A claim the PV controller has bound meanwhile stays bound.
+func (c *committer) undoVolumes(ctx context.Context, pod *v1.Pod) {
+	logger := klog.FromContext(ctx)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	for _, vol := range pod.Spec.Volumes {
+		name := ""
+		switch {
+		case vol.PersistentVolumeClaim != nil:
+			name = vol.PersistentVolumeClaim.ClaimName
+		case vol.Ephemeral != nil:
+			name = pod.Name + "-" + vol.Name
+		default:
+			continue
+		}
+		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			pvc, err := c.client.CoreV1().PersistentVolumeClaims(pod.Namespace).Get(ctx, name, metav1.GetOptions{})
+			if err != nil || pvc.Spec.VolumeName != "" {
+				return client404(err)
+			}
+			if _, ok := pvc.Annotations[selectedNodeAnnotation]; ok {
+				delete(pvc.Annotations, selectedNodeAnnotation)
+				if _, err := c.client.CoreV1().PersistentVolumeClaims(pod.Namespace).Update(ctx, pvc, metav1.UpdateOptions{}); err != nil {
+					return err
+				}
+			}
+			pvs, err := c.client.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return err
+			}
+			for i := range pvs.Items {
+				pv := &pvs.Items[i]
+				if ref := pv.Spec.ClaimRef; ref != nil && ref.UID == pvc.UID && pv.Status.Phase != v1.VolumeBound {
+					pv.Spec.ClaimRef = nil
+					if _, err := c.client.CoreV1().PersistentVolumes().Update(ctx, pv, metav1.UpdateOptions{}); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			logger.Error(err, "Undo of volume binding failed", "pod", klog.KObj(pod), "claim", name)
+		}
+	}
+}
+
+func client404(err error) error {
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+// patchExtendedStatus writes the mapping of a pod's containers to the requests of its
+// extended-resource claim into pod.status.extendedResourceClaimStatus.
+func (c *committer) patchExtendedStatus(ctx context.Context, pod *v1.Pod, claim *resourceapi.ResourceClaim, mappings []v1.ContainerExtendedResourceRequest) error {
+	patch, err := json.Marshal(map[string]any{"status": map[string]any{"extendedResourceClaimStatus": v1.PodExtendedResourceClaimStatus{
+		RequestMappings: mappings, ResourceClaimName: claim.Name,
+	}}})
+	if err != nil {
+		return err
+	}
+	if _, err := c.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
+		return fmt.Errorf("pod %s: extendedResourceClaimStatus: %w", klog.KObj(pod), err)
+	}
+	return nil
 }
 
 // writeClaim adds the finalizer (a normal update; the claim controller clears allocations only
@@ -173,7 +424,9 @@ func (c *committer) commit(ctx context.Context, res *solver.Result) (*commitResu
 func (c *committer) writeClaim(ctx context.Context, w *claimWrite) (*resourceapi.ResourceClaim, error) {
 	claims := c.client.ResourceV1().ResourceClaims(w.claim.Namespace)
 	claim := w.claim.DeepCopy()
-	refresh := false
+	// A reserve-only write follows the allocation of the same claim by an earlier pod of the
+	// gang: start from the claim as it is now, not as the decision saw it.
+	refresh := w.allocation == nil
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		if refresh {
 			fresh, err := claims.Get(ctx, claim.Name, metav1.GetOptions{})
@@ -200,19 +453,17 @@ func (c *committer) writeClaim(ctx context.Context, w *claimWrite) (*resourceapi
 			}
 			claim.Status.Allocation = w.allocation.DeepCopy()
 			if claim.Status.Allocation.AllocationTimestamp == nil {
-				claim.Status.Allocation.AllocationTimestamp = &metav1.Time{Time: time.Now()}
+				claim.Status.Allocation.AllocationTimestamp = &metav1.Time{Time: c.clock.Now()}
 			}
 		} else if claim.Status.Allocation == nil {
 			return fmt.Errorf("claim %s is not allocated; cannot reserve it", klog.KObj(claim))
 		}
 		for _, r := range claim.Status.ReservedFor {
-			if r.UID == w.pod.UID {
+			if r.UID == w.consumer.UID {
 				return nil
 			}
 		}
-		claim.Status.ReservedFor = append(claim.Status.ReservedFor, resourceapi.ResourceClaimConsumerReference{
-			Resource: "pods", Name: w.pod.Name, UID: w.pod.UID,
-		})
+		claim.Status.ReservedFor = append(claim.Status.ReservedFor, w.consumer)
 		updated, err := claims.UpdateStatus(ctx, claim, metav1.UpdateOptions{})
 		if err != nil {
 			return err
@@ -227,7 +478,7 @@ func (c *committer) writeClaim(ctx context.Context, w *claimWrite) (*resourceapi
 }
 
 // undo releases what the commit wrote for pods that are not bound: their reservedFor entries,
-// and the allocation when no consumer remains.
+// the allocation when no consumer remains, and the claims it created.
 func (c *committer) undo(ctx context.Context, writes []*claimWrite, bound map[*v1.Pod]bool) {
 	logger := klog.FromContext(ctx)
 	// Undo only releases what this commit wrote for pods that are not bound, which is safe
@@ -238,11 +489,36 @@ func (c *committer) undo(ctx context.Context, writes []*claimWrite, bound map[*v
 		if bound[w.pod] {
 			continue
 		}
+		if w.created {
+			c.deleteClaim(ctx, w.claim)
+			continue
+		}
 		if err := releaseClaim(ctx, c.client, w.claim.Namespace, w.claim.Name, func(r resourceapi.ResourceClaimConsumerReference) bool {
-			return r.UID == w.pod.UID
+			return r.UID == w.consumer.UID
 		}); err != nil {
 			logger.Error(err, "Undo of claim write failed; it is retried when the scheduler rebuilds its state", "claim", klog.KObj(w.claim))
 		}
+	}
+}
+
+// deleteClaim removes a claim this commit created, finalizer first.
+func (c *committer) deleteClaim(ctx context.Context, claim *resourceapi.ResourceClaim) {
+	claims := c.client.ResourceV1().ResourceClaims(claim.Namespace)
+	_ = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := claims.Get(ctx, claim.Name, metav1.GetOptions{})
+		if err != nil {
+			return client404(err)
+		}
+		if i := slices.Index(cur.Finalizers, resourceapi.Finalizer); i >= 0 {
+			cur.Finalizers = slices.Delete(cur.Finalizers, i, i+1)
+			if _, err := claims.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err := claims.Delete(ctx, claim.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		klog.FromContext(ctx).Error(err, "Delete extended-resource claim", "claim", klog.KObj(claim))
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
 	"k8s.io/utils/ptr"
@@ -60,6 +61,23 @@ func newEnv(t *testing.T) *env {
 	setupOnce.Do(func() { setupErr = e.install() })
 	if setupErr != nil {
 		t.Fatalf("install CRDs and classes: %v", setupErr)
+	}
+	e.ns = cp.CreateNamespace(t)
+	e.id = framework.UniqueName("t")
+	return e
+}
+
+// newEnvOn is newEnv on a control plane of the test's own (framework.StartForTest).
+func newEnvOn(t *testing.T, cp *framework.ControlPlane) *env {
+	t.Helper()
+	_, ctx := ktesting.NewTestContext(t)
+	e := &env{t: t, ctx: ctx, cp: cp, kube: cp.Client(t)}
+	var err error
+	if e.sc, err = client.NewForConfig(cp.Config); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.install(); err != nil {
+		t.Fatalf("install CRDs and classes: %v", err)
 	}
 	e.ns = cp.CreateNamespace(t)
 	e.id = framework.UniqueName("t")
@@ -208,7 +226,13 @@ func (e *env) startScheduler(opts scheduler.Options) (stop func()) {
 
 func (e *env) startSchedulerInstance(opts scheduler.Options) (*scheduler.Scheduler, func()) {
 	e.t.Helper()
-	s, err := scheduler.New(e.cp.Config, opts)
+	return e.startSchedulerWith(e.cp.Config, opts)
+}
+
+// startSchedulerWith runs a scheduler with its own client configuration.
+func (e *env) startSchedulerWith(cfg *rest.Config, opts scheduler.Options) (*scheduler.Scheduler, func()) {
+	e.t.Helper()
+	s, err := scheduler.New(cfg, opts)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -27,6 +27,23 @@ var (
 		Help:    "Time to search a placement for one gang.",
 		Buckets: metrics.ExponentialBuckets(0.0001, 2, 16), StabilityLevel: metrics.ALPHA,
 	})
+	decideLatency = metrics.NewHistogram(&metrics.HistogramOpts{
+		Subsystem: subsystem, Name: "decide_duration_seconds",
+		Help:    "Time to decide one cycle (all gangs, simulations included).",
+		Buckets: metrics.ExponentialBuckets(0.0001, 2, 18), StabilityLevel: metrics.ALPHA,
+	})
+	wallClockAborts = metrics.NewCounter(&metrics.CounterOpts{
+		Subsystem: subsystem, Name: "solver_wall_clock_aborts_total",
+		Help: "Gang searches ended by the solver's last-resort wall-clock guard (the work bounds did not stop them in time).", StabilityLevel: metrics.ALPHA,
+	})
+	bindRollbacks = metrics.NewCounter(&metrics.CounterOpts{
+		Subsystem: subsystem, Name: "bind_rollbacks_total",
+		Help: "Gangs whose binding failed part-way and whose bound pods were evicted so that the gang is not left half-bound.", StabilityLevel: metrics.ALPHA,
+	})
+	apiWrites = metrics.NewCounterVec(&metrics.CounterOpts{
+		Subsystem: subsystem, Name: "api_writes_total",
+		Help: "Writes of the effects layer by kind (status, pod condition, event, PodGroup, eviction).", StabilityLevel: metrics.ALPHA,
+	}, []string{"kind"})
 	commitErrors = metrics.NewCounter(&metrics.CounterOpts{
 		Subsystem: subsystem, Name: "commit_errors_total",
 		Help: "Gang commits that failed and were undone.", StabilityLevel: metrics.ALPHA,
@@ -47,6 +64,6 @@ var registerOnce sync.Once
 // (served by legacyregistry.Handler()).
 func RegisterMetrics() {
 	registerOnce.Do(func() {
-		legacyregistry.MustRegister(gangsPending, gangsAdmitted, podsBound, solveLatency, commitErrors, queueAllocated, queueRequested)
+		legacyregistry.MustRegister(gangsPending, gangsAdmitted, podsBound, solveLatency, decideLatency, wallClockAborts, bindRollbacks, apiWrites, commitErrors, queueAllocated, queueRequested)
 	})
 }

@@ -9,7 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
-	"github.com/tessera-gpu/tessera/controlplane/scheduler"
+	"github.com/tessera-gpu/tessera/controlplane/decide"
 )
 
 // reapTerminating stands in for the kubelet: pods being deleted are removed at once.
@@ -66,7 +66,7 @@ func TestReclaimGivesQuotaBack(t *testing.T) {
 			t.Fatalf("pod %s of the borrowing gang survived", p.Name)
 		}
 	}
-	evs, err := e.kube.CoreV1().Events(e.ns).List(e.ctx, metav1.ListOptions{FieldSelector: "involvedObject.kind=PodGroup,involvedObject.name=b2,reason=" + scheduler.ReasonReclaimed})
+	evs, err := e.kube.CoreV1().Events(e.ns).List(e.ctx, metav1.ListOptions{FieldSelector: "involvedObject.kind=PodGroup,involvedObject.name=b2,reason=" + decide.ReasonReclaimed})
 	if err != nil || len(evs.Items) == 0 {
 		t.Errorf("no Reclaimed event on b2 (err %v)", err)
 	}

@@ -45,6 +45,13 @@ func (s *Scheduler) recover(ctx context.Context) error {
 		if !stale {
 			continue
 		}
+		if c.Annotations[resourceapi.ExtendedResourceClaimAnnotation] == "true" {
+			// An extended-resource claim of a pod that is not bound: the commit that created
+			// it did not finish. The next placement creates a new one.
+			(&committer{client: s.kube}).deleteClaim(ctx, c)
+			rolledBack++
+			continue
+		}
 		if err := releaseClaim(ctx, s.kube, c.Namespace, c.Name, func(r resourceapi.ResourceClaimConsumerReference) bool {
 			return r.Resource == "pods" && unbound[r.UID] != nil
 		}); err != nil {

@@ -1,8 +1,11 @@
-// Package scheduler runs tessera's gang scheduler: informers feed a snapshot each cycle; the
-// mapper finds gangs; gangs are taken in queue order and placed by the solver; the committer
-// writes claim allocations and bindings; PodGroup and Queue statuses, Events and metrics say
-// what happened. With leader election, only the leader schedules, and every new term starts
-// by rebuilding its state from the API and rolling back half-committed gangs.
+// Package scheduler runs tessera's gang scheduler. Each cycle collects the cluster from the
+// informers (nodes, pods, slices with their DeviceTaintRules applied, claims, classes, queues,
+// PodGroups — tessera's and the Kubernetes gang API's), maps pods to gangs, calls the pure
+// policy (controlplane/decide), and hands the decisions to the effects layer, which commits
+// placements (claims, volumes, bindings) and writes statuses, pod conditions and Events
+// asynchronously and deduplicated. With leader election, only the leader schedules, and
+// every new term starts by rebuilding its state from the API and rolling back
+// half-committed gangs.
 package scheduler
 
 import (
@@ -10,9 +13,12 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -25,12 +31,15 @@ import (
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/client-go/tools/record"
-	"k8s.io/dynamic-resource-allocation/cel"
+	"k8s.io/dynamic-resource-allocation/resourceslice/tracker"
 	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
 	v1alpha1 "github.com/tessera-gpu/tessera/controlplane/api/v1alpha1"
 	"github.com/tessera-gpu/tessera/controlplane/client"
+	"github.com/tessera-gpu/tessera/controlplane/decide"
+	"github.com/tessera-gpu/tessera/controlplane/filters"
 	"github.com/tessera-gpu/tessera/controlplane/mapper"
 	"github.com/tessera-gpu/tessera/controlplane/snapshot"
 	"github.com/tessera-gpu/tessera/controlplane/solver"
@@ -49,7 +58,7 @@ type LeaderElection struct {
 type Options struct {
 	// SchedulerName of the pods this scheduler places. Default tessera-scheduler.
 	SchedulerName string
-	// Solver tunes the gang search.
+	// Solver tunes the gang search (its Filters are created by New).
 	Solver solver.Config
 	// Features, when set, replaces detection of the DRA features the API server serves.
 	Features *structured.Features
@@ -62,7 +71,8 @@ type Options struct {
 	GPUDrivers []string
 	// Period between cycles when nothing triggers one. Default 1s.
 	Period time.Duration
-	// Parallelism of API writes within a commit, and gangs committed at once. Default 16.
+	// Parallelism of API writes within a commit, gangs committed at once, and status
+	// writers. Default 16.
 	Parallelism int
 	// Hooks for fault-injection tests.
 	Hooks Hooks
@@ -72,11 +82,21 @@ type Options struct {
 	// empty cluster) holds back other borrowing gangs until it is placed, so that small
 	// gangs cannot keep a large one out forever. Zero means 5 minutes; negative disables.
 	StarvationTimeout time.Duration
+	// FormationTimeout: a gang with fewer pods than minMember for this long says so (its
+	// condition names the workload and what is missing, an Event, pod conditions). Zero
+	// means 2 minutes; negative disables.
+	FormationTimeout time.Duration
+	// VolumeBindTimeout bounds a commit's wait for the PV controller to bind a gang's
+	// volumes. Zero means 10 minutes (the kube-scheduler's default).
+	VolumeBindTimeout time.Duration
+	// Clock, when set, replaces the real clock (tests step a fake one).
+	Clock clock.WithTicker
 }
 
 // Scheduler is tessera's gang scheduler.
 type Scheduler struct {
 	opts   Options
+	clock  clock.WithTicker
 	kube   kubernetes.Interface
 	sched  *client.Client
 	mapper *mapper.Mapper
@@ -86,42 +106,35 @@ type Scheduler struct {
 	queueInf  cache.SharedIndexInformer
 	pgInf     cache.SharedIndexInformer
 	informers []cache.SharedIndexInformer
+	// upstream is the informer of scheduling.k8s.io/v1beta1 PodGroups, when served.
+	upstream cache.SharedIndexInformer
+	// slices lists ResourceSlices with DeviceTaintRules applied (when served).
+	slices *tracker.Tracker
 
 	broadcaster record.EventBroadcaster
 	recorder    record.EventRecorder
 
 	solver    *solver.Solver
-	committer *committer
+	filters   *filters.Filters
+	decideCfg decide.Config
+	podInfos  *filters.PodInfoCache
+	effects   *effects
 	assumed   *assumeCache
-	celCache  *cel.Cache
+	celCache  celCache
 	features  structured.Features
 
 	trigger chan struct{}
 
 	mu          sync.Mutex
 	mappings    map[types.UID]mapper.Mapping
-	failures    map[string]*failure // gang key → last failure (backoff, event dedup)
-	capacityGen uint64              // bumped when capacity may have come back
-	evicting    map[types.UID]time.Time
+	memory      *decide.Memory
+	capacityGen uint64 // bumped when capacity may have come back
 
-	inflight sync.WaitGroup
-	slots    chan struct{}
+	cycles atomic.Uint64
 
-	// leading is closed while... set for tests: Leading reports whether this replica leads.
+	// leading: this replica schedules.
 	leadMu  sync.Mutex
 	leading bool
-}
-
-type failure struct {
-	message  string
-	reason   string
-	at       time.Time
-	backoff  time.Duration
-	capacity uint64
-	// since is when the gang first failed (without being placed in between).
-	since time.Time
-	// fitsEmpty caches whether the gang would fit an empty cluster (nil: not checked).
-	fitsEmpty *bool
 }
 
 // Scheme has the core types and the scheduling API (for Events on PodGroups).
@@ -132,7 +145,8 @@ func init() {
 	utilruntime.Must(v1alpha1.AddToScheme(Scheme))
 }
 
-// New creates a scheduler for the cluster cfg points at.
+// New creates a scheduler for the cluster cfg points at. It asks the API server (discovery)
+// whether it serves the Kubernetes gang API and DeviceTaintRules.
 func New(cfg *rest.Config, opts Options) (*Scheduler, error) {
 	if opts.SchedulerName == "" {
 		opts.SchedulerName = v1alpha1.SchedulerName
@@ -146,8 +160,8 @@ func New(cfg *rest.Config, opts Options) (*Scheduler, error) {
 	if opts.Parallelism <= 0 {
 		opts.Parallelism = 16
 	}
-	if opts.StarvationTimeout == 0 {
-		opts.StarvationTimeout = 5 * time.Minute
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
 	}
 	kube, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
@@ -157,20 +171,31 @@ func New(cfg *rest.Config, opts Options) (*Scheduler, error) {
 	if err != nil {
 		return nil, err
 	}
+	served, err := discoverAPIs(kube)
+	if err != nil {
+		return nil, err
+	}
 	s := &Scheduler{
-		opts:      opts,
-		kube:      kube,
-		sched:     sc,
-		solver:    solver.New(opts.Solver),
-		committer: &committer{client: kube, hooks: opts.Hooks, parallelism: opts.Parallelism},
-		assumed:   newAssumeCache(),
-		trigger:   make(chan struct{}, 1),
-		mappings:  map[types.UID]mapper.Mapping{},
-		failures:  map[string]*failure{},
-		evicting:  map[types.UID]time.Time{},
-		slots:     make(chan struct{}, opts.Parallelism),
+		opts:     opts,
+		clock:    opts.Clock,
+		kube:     kube,
+		sched:    sc,
+		assumed:  newAssumeCache(),
+		trigger:  make(chan struct{}, 1),
+		mappings: map[types.UID]mapper.Mapping{},
+		memory:   decide.NewMemory(),
+		podInfos: filters.NewPodInfoCache(),
 	}
 	s.factory = informers.NewSharedInformerFactory(kube, 0)
+	// The kube-scheduler's filter plugins register the informers they read (PVCs, PVs,
+	// StorageClasses, CSI objects, namespaces) on the shared factory.
+	s.filters, err = filters.New(context.Background(), filters.Config{Informers: s.factory, Client: kube, Volumes: true, VolumeBindTimeout: opts.VolumeBindTimeout})
+	if err != nil {
+		return nil, fmt.Errorf("filter plugins: %w", err)
+	}
+	solverCfg := opts.Solver
+	solverCfg.Filters = s.filters
+	s.solver = solver.New(solverCfg)
 	s.podInf = s.factory.Core().V1().Pods().Informer()
 	nsInf := s.factory.Core().V1().Namespaces().Informer()
 	s.mapper = &mapper.Mapper{Resolver: opts.Resolver, NamespaceLabels: func(name string) map[string]string {
@@ -188,7 +213,41 @@ func New(cfg *rest.Config, opts Options) (*Scheduler, error) {
 		s.factory.Resource().V1().ResourceSlices().Informer(),
 		s.factory.Resource().V1().ResourceClaims().Informer(),
 		s.factory.Resource().V1().DeviceClasses().Informer(),
+		s.factory.Core().V1().PersistentVolumeClaims().Informer(),
+		s.factory.Core().V1().PersistentVolumes().Informer(),
 		s.queueInf, s.pgInf,
+	}
+	if served.podGroups {
+		s.upstream = s.factory.Scheduling().V1beta1().PodGroups().Informer()
+		s.informers = append(s.informers, s.upstream)
+		s.mapper.UpstreamPodGroup = func(namespace, name string) *schedulingv1beta1.PodGroup {
+			obj, ok, err := s.upstream.GetStore().GetByKey(namespace + "/" + name)
+			if err != nil || !ok {
+				return nil
+			}
+			return obj.(*schedulingv1beta1.PodGroup)
+		}
+	}
+	taintRules := served.deviceTaintRules
+	if taintRules {
+		s.informers = append(s.informers, s.factory.Resource().V1().DeviceTaintRules().Informer())
+	}
+	s.slices, err = tracker.StartTracker(context.Background(), tracker.Options{
+		EnableDeviceTaintRules: taintRules, EnableConsumableCapacity: true,
+		SliceInformer: s.factory.Resource().V1().ResourceSlices(),
+		TaintInformer: s.factory.Resource().V1().DeviceTaintRules(),
+		KubeClient:    kube,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ResourceSlice tracker: %w", err)
+	}
+	if taintRules {
+		// A DeviceTaintRule changes what the slices the tracker reports look like.
+		if _, err := s.slices.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc: func(any) { s.kick(true) }, UpdateFunc: func(any, any) { s.kick(true) }, DeleteFunc: func(any) { s.kick(true) },
+		}); err != nil {
+			return nil, fmt.Errorf("add slice tracker handler: %w", err)
+		}
 	}
 	for _, inf := range s.informers {
 		// Any change may make a gang fit and triggers a cycle. Changes that may bring
@@ -209,7 +268,41 @@ func New(cfg *rest.Config, opts Options) (*Scheduler, error) {
 	}
 	s.broadcaster = record.NewBroadcaster()
 	s.recorder = s.broadcaster.NewRecorder(Scheme, v1.EventSource{Component: opts.SchedulerName})
+	s.effects = newEffects(s)
 	return s, nil
+}
+
+type servedAPIs struct {
+	podGroups, deviceTaintRules bool
+}
+
+// discoverAPIs asks which optional APIs the server serves: scheduling.k8s.io/v1beta1
+// PodGroups (GenericWorkload) and resource.k8s.io/v1 DeviceTaintRules.
+func discoverAPIs(kube kubernetes.Interface) (servedAPIs, error) {
+	var out servedAPIs
+	has := func(gv, resource string) (bool, error) {
+		list, err := kube.Discovery().ServerResourcesForGroupVersion(gv)
+		if err != nil {
+			if apierrors.IsNotFound(err) {
+				return false, nil
+			}
+			return false, fmt.Errorf("discover %s: %w", gv, err)
+		}
+		for _, r := range list.APIResources {
+			if r.Name == resource {
+				return true, nil
+			}
+		}
+		return false, nil
+	}
+	var err error
+	if out.podGroups, err = has(schedulingv1beta1.SchemeGroupVersion.String(), "podgroups"); err != nil {
+		return out, err
+	}
+	if out.deviceTaintRules, err = has("resource.k8s.io/v1", "devicetaintrules"); err != nil {
+		return out, err
+	}
+	return out, nil
 }
 
 func (s *Scheduler) kick(capacity bool) {
@@ -231,6 +324,12 @@ func (s *Scheduler) Leading() bool {
 	return s.leading
 }
 
+// Cycles is the number of cycles run so far (tests wait on it).
+func (s *Scheduler) Cycles() uint64 { return s.cycles.Load() }
+
+// Idle reports whether no commit and no write is in flight.
+func (s *Scheduler) Idle() bool { return s.effects.idle() }
+
 // Run starts the informers and schedules until ctx ends (with leader election: while this
 // replica leads; after losing the Lease it campaigns again). It returns after every goroutine
 // it started has stopped.
@@ -238,6 +337,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	s.broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: s.kube.CoreV1().Events("")})
 	defer s.broadcaster.Shutdown()
+	defer s.slices.Stop()
 
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -252,12 +352,18 @@ func (s *Scheduler) Run(ctx context.Context) error {
 			inf.RunWithContext(infCtx)
 		}()
 	}
-	synced := make([]cache.InformerSynced, 0, len(s.informers))
+	synced := make([]cache.InformerSynced, 0, len(s.informers)+1)
 	for _, inf := range s.informers {
 		synced = append(synced, inf.HasSynced)
 	}
+	synced = append(synced, s.slices.HasSynced)
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 		return fmt.Errorf("informers did not sync: %w", ctx.Err())
+	}
+	for typ, ok := range s.factory.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return fmt.Errorf("informer for %v did not sync: %w", typ, ctx.Err())
+		}
 	}
 	if s.opts.Features != nil {
 		s.features = *s.opts.Features
@@ -268,7 +374,18 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		}
 		s.features = f
 	}
-	s.celCache = snapshot.NewCELCache(s.features)
+	s.celCache = newCELCache(s.features)
+	s.decideCfg = decide.Config{
+		Solver:            s.solver,
+		Snapshot:          s.snapshotConfig(),
+		StarvationTimeout: s.opts.StarvationTimeout,
+		FormationTimeout:  s.opts.FormationTimeout,
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		s.effects.run(infCtx, s.opts.Parallelism)
+	}()
 
 	if s.opts.LeaderElection == nil {
 		return s.lead(ctx)
@@ -304,26 +421,32 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	return nil
 }
 
+func (s *Scheduler) snapshotConfig() snapshot.Config {
+	return snapshot.Config{Features: s.features, GPUDrivers: s.opts.GPUDrivers, CELCache: s.celCache, PodInfos: s.podInfos}
+}
+
 // lead is one leadership term: rebuild state from the API, roll back half-committed gangs,
 // then run cycles until ctx ends. In-flight commits finish before it returns.
 func (s *Scheduler) lead(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	s.setLeading(true)
 	defer s.setLeading(false)
-	defer s.inflight.Wait()
+	// Writes still queued when the term ends are the old leader's: dropped, not sent.
+	defer s.effects.writes.drop()
+	defer s.effects.waitCommits()
 	s.assumed.reset()
+	s.effects.reset()
 	s.mu.Lock()
-	s.failures = map[string]*failure{}
-	s.evicting = map[types.UID]time.Time{}
+	s.memory = decide.NewMemory()
 	s.mu.Unlock()
 	if err := s.recover(ctx); err != nil {
 		return fmt.Errorf("recover state: %w", err)
 	}
 	logger.Info("Scheduling", "schedulerName", s.opts.SchedulerName)
-	timer := time.NewTicker(s.opts.Period)
-	defer timer.Stop()
+	ticker := s.clock.NewTicker(s.opts.Period)
+	defer ticker.Stop()
 	for {
-		last := time.Now()
+		last := s.clock.Now()
 		s.cycle(ctx)
 		select {
 		case <-ctx.Done():
@@ -332,13 +455,14 @@ func (s *Scheduler) lead(ctx context.Context) error {
 			// Let a burst of events settle into one cycle, and keep cycles at least
 			// minCycleInterval apart so that a stream of events cannot keep the scheduler busy
 			// rebuilding snapshots.
-			wait := max(10*time.Millisecond, minCycleInterval-time.Since(last))
+			wait := max(10*time.Millisecond, minCycleInterval-s.clock.Since(last))
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
-			case <-time.After(wait):
+			case <-s.clock.After(wait):
+			case <-ticker.C():
 			}
-		case <-timer.C:
+		case <-ticker.C():
 		}
 	}
 }

@@ -14,10 +14,13 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 	resourcehelper "k8s.io/component-helpers/resource"
 	"k8s.io/dynamic-resource-allocation/cel"
+	"k8s.io/dynamic-resource-allocation/deviceclass/extendedresourcecache"
 	"k8s.io/dynamic-resource-allocation/structured"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/contract"
+	"github.com/tessera-gpu/tessera/controlplane/filters"
 )
 
 // DefaultGPUDriver is the DRA driver whose devices count as GPUs.
@@ -34,6 +37,9 @@ type Config struct {
 	GPUDrivers []string
 	// CELCache compiles selectors once across cycles. Created when nil.
 	CELCache *cel.Cache
+	// PodInfos keeps the kube-scheduler's parsed view of bound pods across cycles; nil
+	// parses every pod each time.
+	PodInfos *filters.PodInfoCache
 }
 
 // Input is the raw state a snapshot is built from (informer listers, plus the scheduler's
@@ -100,9 +106,16 @@ type Snapshot struct {
 	features structured.Features
 	celCache *cel.Cache
 	classes  *classLister
+	// extended maps extended resource names to DeviceClasses, with the kube-scheduler's
+	// rules (explicit extendedResourceName, newest class wins; implicit
+	// deviceclass.resource.kubernetes.io/<class>).
+	extended *extendedresourcecache.ExtendedResourceCache
 
 	Nodes  []*NodeInfo
 	byName map[string]*NodeInfo
+	// Pods is the kube-scheduler's view of the pods on the nodes, which its filter plugins
+	// read (filters.View).
+	Pods *filters.View
 
 	sharedSlices    []*resourceapi.ResourceSlice
 	sharedAllocated structured.AllocatedState
@@ -173,6 +186,12 @@ func New(in Input, cfg Config) *Snapshot {
 		}
 	}
 	s.indexDevices("", s.sharedSlices)
+	s.Pods = filters.NewView(in.Nodes, in.Pods, cfg.PodInfos)
+	s.extended = extendedresourcecache.NewExtendedResourceCache(klog.Background())
+	for _, c := range in.Classes {
+		s.extended.OnAdd(c, true)
+	}
+	s.Pods.SetExtendedResources(s.extended)
 	for _, pod := range in.Pods {
 		if pod.Spec.NodeName == "" || isTerminal(pod) {
 			continue
@@ -285,6 +304,8 @@ func (s *Snapshot) Assume(nodeName string, pod *v1.Pod, allocations []*resourcea
 	if ni := s.byName[nodeName]; ni != nil {
 		addList(ni.Requested, PodRequests(pod))
 		ni.Pods++
+		// The node exists, so this cannot fail.
+		_ = s.Pods.Assume(pod, nodeName)
 	}
 	for _, a := range allocations {
 		if a != nil {
@@ -297,6 +318,23 @@ func (s *Snapshot) Assume(nodeName string, pod *v1.Pod, allocations []*resourcea
 // allocated devices plus extra (devices chosen for other pods of the gang being placed) taken.
 // A nil result and nil error means "does not fit".
 func (s *Snapshot) AllocateOnNode(ctx context.Context, ni *NodeInfo, extra []resourceapi.AllocationResult, claims []*resourceapi.ResourceClaim) ([]resourceapi.AllocationResult, error) {
+	res, _, err := s.AllocateBounded(ctx, ni, extra, claims, 0)
+	return res, err
+}
+
+// Allocation is the outcome of a bounded allocator call.
+type Allocation struct {
+	// Steps the allocator took (its search steps: one per device tried for a request).
+	Steps int64
+	// Exhausted is set when the step budget ran out before the allocator decided; the
+	// result is then nil ("not found within the budget").
+	Exhausted bool
+}
+
+// AllocateBounded is AllocateOnNode with the allocator's search bounded by steps (0: no
+// bound). The bound is work, not time, so the same snapshot gives the same answer on any
+// machine under any load.
+func (s *Snapshot) AllocateBounded(ctx context.Context, ni *NodeInfo, extra []resourceapi.AllocationResult, claims []*resourceapi.ResourceClaim, steps int64) ([]resourceapi.AllocationResult, Allocation, error) {
 	state := structured.AllocatedState{
 		AllocatedDevices:         ni.Allocated.AllocatedDevices.Clone(),
 		AllocatedSharedDeviceIDs: ni.Allocated.AllocatedSharedDeviceIDs.Clone(),
@@ -320,10 +358,48 @@ func (s *Snapshot) AllocateOnNode(ctx context.Context, ni *NodeInfo, extra []res
 	}
 	alloc, err := structured.NewAllocator(ctx, s.features, state, s.classes, slices, s.celCache)
 	if err != nil {
-		return nil, fmt.Errorf("create allocator: %w", err)
+		return nil, Allocation{}, fmt.Errorf("create allocator: %w", err)
 	}
-	return alloc.Allocate(ctx, ni.Node, claims)
+	sc := newStepContext(ctx, steps)
+	res, err := alloc.Allocate(sc, ni.Node, claims)
+	out := Allocation{Steps: sc.steps.Load(), Exhausted: sc.exhausted()}
+	if out.Exhausted && ctx.Err() == nil {
+		return nil, out, nil
+	}
+	return res, out, err
 }
+
+// SharedResult reports whether an allocation result is a device of a network-attached slice
+// (no spec.nodeName): such a device may be reached from several nodes, so it is taken for the
+// whole gang, not just for pods on one node.
+func (s *Snapshot) SharedResult(r *resourceapi.DeviceRequestAllocationResult) bool {
+	_, local := s.poolNode[poolKey{r.Driver, r.Pool}]
+	return !local
+}
+
+// ExtendedClass returns the DeviceClass that backs an extended resource name, or nil.
+func (s *Snapshot) ExtendedClass(name v1.ResourceName) *resourceapi.DeviceClass {
+	return s.extended.GetDeviceClass(name)
+}
+
+// ExtendedResources returns, of a pod's requests (PodRequests), the extended resources that
+// a DeviceClass backs (DRA extended resources, KEP-5004), in whole units; nil when none.
+func (s *Snapshot) ExtendedResources(requests v1.ResourceList) map[v1.ResourceName]int64 {
+	var out map[v1.ResourceName]int64
+	for name, q := range requests {
+		if q.IsZero() || s.extended.GetDeviceClass(name) == nil {
+			continue
+		}
+		if out == nil {
+			out = map[v1.ResourceName]int64{}
+		}
+		out[name] = q.Value()
+	}
+	return out
+}
+
+// HasSharedSlices reports whether any network-attached slice exists.
+func (s *Snapshot) HasSharedSlices() bool { return len(s.sharedSlices) > 0 }
 
 // PodRequests are the pod's resource requests (containers, init containers, overhead), as
 // the kube-scheduler computes them.

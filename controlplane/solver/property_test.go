@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math/rand"
+	"runtime"
+	"sync"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -18,9 +20,14 @@ import (
 // profiles, prioritized lists): whenever some assignment of pods to nodes exists in which
 // every node can allocate the claims of all its pods together, the solver must find a
 // placement, and every placement it returns must be valid.
+//
+// The machine is loaded on purpose (busy goroutines on every CPU): the search is bounded by
+// work, not time, so load must not change its answers. Run it with -race too.
 func TestSolverIsCompleteOnSmallClusters(t *testing.T) {
 	ctx := klog.NewContext(context.Background(), klog.Background())
+	loadMachine(t)
 	rng := rand.New(rand.NewSource(42))
+	s := newSolver(t, Config{})
 	profiles := []string{"1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb"}
 	solvable, unsolvable := 0, 0
 	for iter := 0; iter < 400; iter++ {
@@ -48,7 +55,7 @@ func TestSolverIsCompleteOnSmallClusters(t *testing.T) {
 			}
 			g.Pods = append(g.Pods, Pod{Pod: fixture.Pod("ns", name, claim.Name), Claims: []*resourceapi.ResourceClaim{claim}})
 		}
-		res, err := New(Config{}).Solve(ctx, snap, g)
+		res, err := s.Solve(ctx, snap, g)
 		exists := bruteForce(ctx, t, snap, g)
 		switch {
 		case err != nil && !IsUnschedulable(err):
@@ -110,4 +117,75 @@ func bruteForce(ctx context.Context, t *testing.T, snap *snapshot.Snapshot, g *G
 		return false
 	}
 	return try(0)
+}
+
+// loadMachine keeps every CPU busy until the test ends.
+func loadMachine(t *testing.T) {
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 2 * runtime.NumCPU() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			x := 0
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+					for i := range 100000 {
+						x += i
+					}
+				}
+			}
+		}()
+	}
+	t.Cleanup(func() { close(stop); wg.Wait() })
+}
+
+// TestSameSnapshotSameDecision: repeated searches of the same gangs on the same snapshot,
+// under load, give identical placements and devices and take the same work.
+func TestSameSnapshotSameDecision(t *testing.T) {
+	ctx := klog.NewContext(context.Background(), klog.Background())
+	loadMachine(t)
+	rng := rand.New(rand.NewSource(7))
+	profiles := []string{"1g.10gb", "2g.20gb", "3g.40gb"}
+	c := &cluster{}
+	for n := range 6 {
+		c.node(fmt.Sprintf("n%d", n), 2, n%2 == 0, nil)
+	}
+	c.use("n1", 1)
+	g := &Gang{Name: "ns/g"}
+	for p := range 8 {
+		name := fmt.Sprintf("p%d", p)
+		claim := fixture.GPUOrMIGClaim("ns", name, profiles[rng.Intn(len(profiles))])
+		if p%3 == 0 {
+			claim = fixture.MIGClaim("ns", name, profiles[rng.Intn(len(profiles))])
+		}
+		g.Pods = append(g.Pods, Pod{Pod: fixture.Pod("ns", name, claim.Name), Claims: []*resourceapi.ResourceClaim{claim}})
+	}
+	s := newSolver(t, Config{})
+	render := func() string {
+		res, err := s.Solve(ctx, c.snapshot(), g)
+		if err != nil {
+			return err.Error()
+		}
+		out := fmt.Sprintf("tries=%d steps=%d:", res.Tries, res.Steps)
+		for _, p := range res.Placements {
+			out += " " + p.Pod.Name + "@" + p.Node
+			for _, a := range p.Allocate {
+				for _, r := range a.Allocation.Devices.Results {
+					out += "/" + r.Device
+				}
+			}
+		}
+		return out
+	}
+	first := render()
+	t.Log(first)
+	for i := range 20 {
+		if got := render(); got != first {
+			t.Fatalf("run %d differs:\n%s\nfirst:\n%s", i, got, first)
+		}
+	}
 }

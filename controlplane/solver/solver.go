@@ -1,7 +1,11 @@
 // Package solver places one gang at a time on a snapshot: it searches pod → node assignments
-// in memory, checks each pod's devices with the structured allocator, carries the devices
-// chosen for earlier pods of the gang as allocated, and backtracks across pods when a later pod
-// does not fit. Nothing is written to the API here; the committer does that.
+// in memory, checks every pod on a node with the kube-scheduler's own filter plugins
+// (controlplane/filters) and its devices with the structured allocator, carries the gang's
+// earlier choices (pods for affinity, spread, ports and resources; devices, node-local and
+// network-attached; volumes) into the checks of its later pods, and backtracks across pods
+// when a later pod does not fit. The search is bounded by work — node evaluations and
+// allocator steps — never by the clock, so the same snapshot always gives the same answer.
+// Nothing is written to the API here.
 package solver
 
 import (
@@ -17,16 +21,20 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
+	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-gpu/tessera/controlplane/filters"
 	"github.com/tessera-gpu/tessera/controlplane/snapshot"
 )
 
 // Config tunes the search.
 type Config struct {
+	// Filters are the kube-scheduler's filter plugins. Required.
+	Filters *filters.Filters
 	// TopologyKeys are node label keys whose values are topology domains (rack, NVLink
 	// domain), most specific first. A gang is kept inside one domain of the first key when it
 	// fits there. A gang's own topology constraint overrides this.
@@ -36,16 +44,31 @@ type Config struct {
 	// MaxTries bounds the search: node evaluations per gang (memoised ones included).
 	// Default 50000.
 	MaxTries int
-	// JointTimeout bounds one joint re-allocation of all gang pods on a node. Default 20ms.
-	JointTimeout time.Duration
+	// JointSteps bounds one joint re-allocation of all gang pods on a node, in allocator
+	// steps (one device tried for one request; 2–5 µs each on the development machine).
+	// Default 10000.
+	JointSteps int64
+	// MaxSteps bounds the allocator steps of one gang's whole search. Default 500000.
+	MaxSteps int64
+	// WallClockGuard is a last resort against a search that the work bounds did not stop in
+	// time (a pathological CEL selector, a huge cluster): the search ends and the gang's
+	// condition says so. It makes the outcome depend on the machine, so it is generous and
+	// counted (Unschedulable.WallClock). Default 30s; negative disables.
+	WallClockGuard time.Duration
 }
 
 func (c Config) withDefaults() Config {
 	if c.MaxTries <= 0 {
 		c.MaxTries = 50000
 	}
-	if c.JointTimeout <= 0 {
-		c.JointTimeout = 20 * time.Millisecond
+	if c.JointSteps <= 0 {
+		c.JointSteps = 10000
+	}
+	if c.MaxSteps <= 0 {
+		c.MaxSteps = 500000
+	}
+	if c.WallClockGuard == 0 {
+		c.WallClockGuard = 30 * time.Second
 	}
 	return c
 }
@@ -54,6 +77,9 @@ func (c Config) withDefaults() Config {
 type Pod struct {
 	Pod    *v1.Pod
 	Claims []*resourceapi.ResourceClaim
+	// Consumers, when set for a claim UID, is whom the claim is reserved for instead of the
+	// pod (a claim of the pod's upstream PodGroup is reserved for the PodGroup).
+	Consumers map[types.UID]resourceapi.ResourceClaimConsumerReference
 }
 
 // Topology constrains a gang to one domain of a node label.
@@ -78,8 +104,15 @@ type Placement struct {
 	// Allocate are the claims this pod allocates, with their new allocation.
 	Allocate []ClaimAllocation
 	// Reserve are claims the pod uses that are (or will be, by an earlier pod of the gang)
-	// allocated; the committer only adds the pod to reservedFor.
+	// allocated; the committer only adds the consumer to reservedFor.
 	Reserve []*resourceapi.ResourceClaim
+	// Consumers of the pod's claims other than the pod itself (see Pod.Consumers).
+	Consumers map[types.UID]resourceapi.ResourceClaimConsumerReference
+	// Extended is the claim for the pod's extended resources backed by DRA (KEP-5004), to be
+	// created by the committer; nil when the pod has none on this node.
+	Extended *ExtendedClaim
+	// Volumes are the volume binder's decisions for the pod on the node.
+	Volumes filters.Volumes
 }
 
 // ClaimAllocation pairs a claim with the allocation chosen for it.
@@ -95,6 +128,8 @@ type Result struct {
 	GPUUnits float64
 	// Tries is the number of node evaluations the search took.
 	Tries int
+	// Steps is the number of allocator steps the search took.
+	Steps int64
 	// Domain is the topology domain the gang was placed in ("" when none applied).
 	Domain string
 }
@@ -102,6 +137,8 @@ type Result struct {
 // Unschedulable says why a gang does not fit, in numbers.
 type Unschedulable struct {
 	Message string
+	// WallClock is set when the last-resort wall-clock guard ended the search.
+	WallClock bool
 }
 
 func (u *Unschedulable) Error() string { return u.Message }
@@ -118,27 +155,51 @@ type Solver struct {
 
 	mu        sync.Mutex
 	claimSigs map[types.UID]uint64
+	// podSigs caches podSignature of pods by UID (valid for one resourceVersion and one set
+	// of relevant label keys).
+	podSigs map[types.UID]podSigEntry
 }
 
-// New returns a solver.
-func New(cfg Config) *Solver {
-	return &Solver{cfg: cfg.withDefaults(), claimSigs: map[types.UID]uint64{}}
+type podSigEntry struct {
+	resourceVersion, keys string
+	sig                   uint64
 }
+
+// New returns a solver. cfg.Filters must be set.
+func New(cfg Config) *Solver {
+	if cfg.Filters == nil {
+		panic("solver: Config.Filters is required")
+	}
+	return &Solver{cfg: cfg.withDefaults(), claimSigs: map[types.UID]uint64{}, podSigs: map[types.UID]podSigEntry{}}
+}
+
+// Config returns the solver's configuration (with defaults applied).
+func (s *Solver) Config() Config { return s.cfg }
 
 // Solve searches a placement for every pod of the gang. It returns *Unschedulable when none
 // exists (or none was found within the budget), any other error for bad input (a CEL error, a
-// missing DeviceClass). The snapshot is not modified.
+// missing DeviceClass). The snapshot is left as it was.
 func (s *Solver) Solve(ctx context.Context, snap *snapshot.Snapshot, gang *Gang) (*Result, error) {
 	logger := klog.FromContext(ctx)
 	if len(gang.Pods) == 0 {
 		return &Result{}, nil
 	}
-	st := s.newSearch(ctx, snap, gang)
-	st.preferPlain = st.preferPlainGPUs()
+	session := s.cfg.Filters.Begin(ctx, snap.Pods)
+	defer session.End()
+	st, err := s.newSearch(ctx, snap, session, gang)
+	if err != nil {
+		return nil, err
+	}
+	if msg := st.rejectedEverywhere(); msg != "" {
+		return nil, &Unschedulable{Message: msg}
+	}
+	st.preferPlain, err = st.preferPlainGPUs()
+	if err != nil {
+		return nil, err
+	}
 	plans := st.domainPlans()
-	var lastErr error
 	for _, plan := range plans {
-		if st.tries >= s.cfg.MaxTries {
+		if st.outOfBudget() {
 			break
 		}
 		ok, err := st.run(plan.nodes)
@@ -148,24 +209,36 @@ func (s *Solver) Solve(ctx context.Context, snap *snapshot.Snapshot, gang *Gang)
 		if ok {
 			res := st.result()
 			res.Domain = plan.domain
-			logger.V(4).Info("Gang solved", "gang", gang.Name, "pods", len(gang.Pods), "domain", plan.domain, "tries", st.tries, "gpuUnits", res.GPUUnits)
+			st.undoAll()
+			logger.V(4).Info("Gang solved", "gang", gang.Name, "pods", len(gang.Pods), "domain", plan.domain, "tries", st.tries, "steps", st.steps, "gpuUnits", res.GPUUnits)
 			return res, nil
 		}
 	}
-	lastErr = &Unschedulable{Message: st.explain(plans)}
-	logger.V(4).Info("Gang does not fit", "gang", gang.Name, "tries", st.tries, "reason", lastErr)
-	return nil, lastErr
+	u := &Unschedulable{Message: st.explain(plans), WallClock: st.guardHit}
+	logger.V(4).Info("Gang does not fit", "gang", gang.Name, "tries", st.tries, "steps", st.steps, "reason", u)
+	return nil, u
 }
 
 // podInfo is the solver's precomputed view of a gang pod.
 type podInfo struct {
-	pod      *v1.Pod
-	claims   []*resourceapi.ResourceClaim
-	shape    int // index into distinct shapes; equal shapes are interchangeable
-	requests v1.ResourceList
-	affinity nodeaffinity.RequiredNodeAffinity
-	flexible bool // has prioritized-list requests: other pods' picks may be redone jointly
-	gpuNeed  float64
+	pod       *v1.Pod
+	claims    []*resourceapi.ResourceClaim
+	consumers map[types.UID]resourceapi.ResourceClaimConsumerReference
+	shape     int // index into distinct shapes; equal shapes are interchangeable
+	flexible  bool
+	gpuNeed   float64
+	filter    *filters.PodState
+	// extended are the pod's requests of extended resources that DeviceClasses map (DRA
+	// extended resources), by resource name.
+	extended map[v1.ResourceName]int64
+	// requiredAffinity: the pod has required inter-pod affinity, which a placed gang can
+	// satisfy (capacity does not only shrink for it).
+	requiredAffinity bool
+	// orderMatters: the pod has constraints that a subset of a valid placement can violate
+	// (topology spread, required pod affinity). The filters check them pod by pod, so the
+	// order in which the gang's pods are placed matters and the symmetry rule (equal pods
+	// go to non-decreasing candidate positions) would cut valid placements.
+	orderMatters bool
 }
 
 type claimKey struct{ namespace, name string }
@@ -176,23 +249,27 @@ type placed struct {
 	// owned claims this pod allocates and their tentative results.
 	owned   []claimKey
 	results []resourceapi.AllocationResult
+	// extended is the pod's extended-resource claim on this node and its result.
+	extended *ExtendedClaim
 }
 
 type nodeGang struct {
-	pods      []int // gang pods on the node
-	requested v1.ResourceList
+	pods []int // gang pods on the node
 }
 
 type search struct {
-	ctx   context.Context
-	s     *Solver
-	snap  *snapshot.Snapshot
-	gang  *Gang
-	pods  []*podInfo
-	order []int // pod indices in search order
+	ctx     context.Context
+	s       *Solver
+	snap    *snapshot.Snapshot
+	session *filters.Session
+	gang    *Gang
+	pods    []*podInfo
+	order   []int // pod indices in search order
+	start   time.Time
 
 	placements []*placed // by pod index
 	onNode     map[int]*nodeGang
+	stack      []int // placed pods in placement order (LIFO, as the filters' session)
 	// owner of a tentatively allocated claim: pod index
 	owner map[claimKey]int
 
@@ -200,19 +277,23 @@ type search struct {
 	staticOK   map[[2]int]string // (shape,node) → "" or reason
 	failMemo   map[string]struct{}
 	tries      int
+	steps      int64
+	jointCut   int // joint re-allocations stopped by their step budget
 	bestDepth  int
 	failReason map[string]int // reasons for the pod at bestDepth
 	failPod    string
 	budgetHit  bool
+	stepsHit   bool
+	guardHit   bool
 	// plainFree is, per node index, its free non-partitionable whole GPUs;
 	// preferPlain orders nodes that have some first (see preferPlainGPUs).
 	plainFree   map[int]int
 	preferPlain bool
 }
 
-func (s *Solver) newSearch(ctx context.Context, snap *snapshot.Snapshot, gang *Gang) *search {
+func (s *Solver) newSearch(ctx context.Context, snap *snapshot.Snapshot, session *filters.Session, gang *Gang) (*search, error) {
 	st := &search{
-		ctx: ctx, s: s, snap: snap, gang: gang,
+		ctx: ctx, s: s, snap: snap, session: session, gang: gang, start: time.Now(),
 		placements: make([]*placed, len(gang.Pods)),
 		onNode:     map[int]*nodeGang{},
 		owner:      map[claimKey]int{},
@@ -220,18 +301,34 @@ func (s *Solver) newSearch(ctx context.Context, snap *snapshot.Snapshot, gang *G
 		claims:     map[claimKey]*resourceapi.ResourceClaim{},
 		failMemo:   map[string]struct{}{},
 	}
+	keys := relevantLabelKeys(snap, gang)
 	shapeIDs := map[uint64]int{}
 	for _, gp := range gang.Pods {
+		ps, err := session.Prepare(gp.Pod)
+		if err != nil {
+			return nil, err
+		}
+		requests := snapshot.PodRequests(gp.Pod)
 		pi := &podInfo{
-			pod:      gp.Pod,
-			claims:   gp.Claims,
-			requests: snapshot.PodRequests(gp.Pod),
-			affinity: nodeaffinity.GetRequiredNodeAffinity(gp.Pod),
+			pod:       gp.Pod,
+			claims:    gp.Claims,
+			consumers: gp.Consumers,
+			filter:    ps,
+			extended:  snap.ExtendedResources(requests),
+		}
+		if a := gp.Pod.Spec.Affinity; a != nil && a.PodAffinity != nil && len(a.PodAffinity.RequiredDuringSchedulingIgnoredDuringExecution) > 0 {
+			pi.requiredAffinity = true
+			pi.orderMatters = true
+		}
+		for _, c := range gp.Pod.Spec.TopologySpreadConstraints {
+			if c.WhenUnsatisfiable == v1.DoNotSchedule {
+				pi.orderMatters = true
+			}
 		}
 		for _, c := range gp.Claims {
 			st.claims[claimKey{c.Namespace, c.Name}] = c
 		}
-		sig := s.podSignature(gp)
+		sig := s.podSignature(gp, keys, requests)
 		id, ok := shapeIDs[sig]
 		if !ok {
 			id = len(shapeIDs)
@@ -251,6 +348,9 @@ func (s *Solver) newSearch(ctx context.Context, snap *snapshot.Snapshot, gang *G
 				}
 			}
 		}
+		for _, n := range pi.extended {
+			pi.gpuNeed += float64(n)
+		}
 		st.pods = append(st.pods, pi)
 	}
 	// Search order: biggest pods first (they are the hardest to fit), equal shapes adjacent so
@@ -269,42 +369,188 @@ func (s *Solver) newSearch(ctx context.Context, snap *snapshot.Snapshot, gang *G
 		}
 		return pa.pod.Name < pb.pod.Name
 	})
-	return st
+	return st, nil
+}
+
+// rejectedEverywhere is the message when some pod's PreFilter ruled out every node (an
+// unbound immediate PVC, a missing PVC, a node name that does not exist).
+func (st *search) rejectedEverywhere() string {
+	for _, pi := range st.order {
+		p := st.pods[pi]
+		if r := p.filter.Rejected(); r != "" {
+			return fmt.Sprintf("gang of %d pods does not fit: pod %s fits no node: %s", len(st.pods), p.pod.Name, r)
+		}
+	}
+	return ""
+}
+
+// relevantLabelKeys are the pod label keys that some label selector of inter-pod affinity or
+// topology spread may look at: the gang's own terms and the required anti-affinity of pods
+// already placed. Only these labels make two pods different for the filters.
+func relevantLabelKeys(snap *snapshot.Snapshot, gang *Gang) sets.Set[string] {
+	keys := sets.New[string]()
+	addSelector := func(sel *metav1.LabelSelector) {
+		if sel == nil {
+			return
+		}
+		for k := range sel.MatchLabels {
+			keys.Insert(k)
+		}
+		for _, e := range sel.MatchExpressions {
+			keys.Insert(e.Key)
+		}
+	}
+	addTerms := func(terms []v1.PodAffinityTerm) {
+		for _, t := range terms {
+			addSelector(t.LabelSelector)
+			keys.Insert(t.MatchLabelKeys...)
+			keys.Insert(t.MismatchLabelKeys...)
+		}
+	}
+	addWeighted := func(terms []v1.WeightedPodAffinityTerm) {
+		for _, t := range terms {
+			addSelector(t.PodAffinityTerm.LabelSelector)
+		}
+	}
+	addPod := func(p *v1.Pod) {
+		if a := p.Spec.Affinity; a != nil {
+			if a.PodAffinity != nil {
+				addTerms(a.PodAffinity.RequiredDuringSchedulingIgnoredDuringExecution)
+				addWeighted(a.PodAffinity.PreferredDuringSchedulingIgnoredDuringExecution)
+			}
+			if a.PodAntiAffinity != nil {
+				addTerms(a.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution)
+				addWeighted(a.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution)
+			}
+		}
+		for _, c := range p.Spec.TopologySpreadConstraints {
+			addSelector(c.LabelSelector)
+			keys.Insert(c.MatchLabelKeys...)
+		}
+	}
+	for _, gp := range gang.Pods {
+		addPod(gp.Pod)
+	}
+	nodes, _ := snap.Pods.NodeInfos().HavePodsWithRequiredAntiAffinityList()
+	for _, ni := range nodes {
+		for _, pi := range ni.GetPodsWithRequiredAntiAffinity() {
+			addTerms(pi.GetPod().Spec.Affinity.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution)
+		}
+	}
+	return keys
 }
 
 // podSignature hashes what decides where a pod fits: its unallocated claims' specs (immutable,
-// so cached by UID), the identity of allocated claims, requests, node selection and
-// tolerations.
-func (s *Solver) podSignature(gp Pod) uint64 {
+// so cached by UID), the identity of allocated claims, and every pod field a filter plugin
+// reads (requests, node selection, tolerations, affinity, ports, volumes, spread, the labels
+// some selector looks at).
+func (s *Solver) podSignature(gp Pod, labelKeys sets.Set[string], requests v1.ResourceList) uint64 {
+	// Claims are in the signature by identity or by their immutable spec; the pod's fields by
+	// value: a pod's signature changes only with its resourceVersion or with which labels
+	// matter. Pods of a cached signature must not have claims that changed allocation since
+	// (their identity is in the signature), so the claim part is part of the key too.
+	cacheKey := ""
+	if gp.Pod.UID != "" && gp.Pod.ResourceVersion != "" {
+		var b strings.Builder
+		for _, k := range sets.List(labelKeys) {
+			b.WriteString(k)
+			b.WriteByte(',')
+		}
+		for _, c := range gp.Claims {
+			fmt.Fprintf(&b, "|%s:%v:%v", c.UID, c.Status.Allocation != nil, gp.Consumers[c.UID].UID)
+		}
+		cacheKey = b.String()
+		s.mu.Lock()
+		e, ok := s.podSigs[gp.Pod.UID]
+		s.mu.Unlock()
+		if ok && e.resourceVersion == gp.Pod.ResourceVersion && e.keys == cacheKey {
+			return e.sig
+		}
+	}
+	sig := s.computePodSignature(gp, labelKeys, requests)
+	if cacheKey != "" {
+		s.mu.Lock()
+		if len(s.podSigs) > 200000 {
+			s.podSigs = map[types.UID]podSigEntry{}
+		}
+		s.podSigs[gp.Pod.UID] = podSigEntry{resourceVersion: gp.Pod.ResourceVersion, keys: cacheKey, sig: sig}
+		s.mu.Unlock()
+	}
+	return sig
+}
+
+func (s *Solver) computePodSignature(gp Pod, labelKeys sets.Set[string], requests v1.ResourceList) uint64 {
 	h := fnv.New64a()
 	for _, c := range gp.Claims {
 		if c.Status.Allocation != nil {
 			fmt.Fprintf(h, "allocated:%s;", c.UID)
 			continue
 		}
+		if _, shared := gp.Consumers[c.UID]; shared {
+			fmt.Fprintf(h, "shared:%s;", c.UID)
+		}
 		s.mu.Lock()
 		sig, ok := s.claimSigs[c.UID]
 		s.mu.Unlock()
-		if !ok {
+		if !ok || c.UID == "" {
 			hh := fnv.New64a()
 			b, _ := json.Marshal(c.Spec)
 			_, _ = hh.Write(b)
 			sig = hh.Sum64()
-			s.mu.Lock()
-			if len(s.claimSigs) > 200000 {
-				s.claimSigs = map[types.UID]uint64{}
+			if c.UID != "" {
+				s.mu.Lock()
+				if len(s.claimSigs) > 200000 {
+					s.claimSigs = map[types.UID]uint64{}
+				}
+				s.claimSigs[c.UID] = sig
+				s.mu.Unlock()
 			}
-			s.claimSigs[c.UID] = sig
-			s.mu.Unlock()
 		}
 		fmt.Fprintf(h, "claim:%d;", sig)
 	}
+	p := gp.Pod
+	var ports []v1.ContainerPort
+	for _, c := range append(append([]v1.Container(nil), p.Spec.InitContainers...), p.Spec.Containers...) {
+		for _, port := range c.Ports {
+			if port.HostPort > 0 {
+				ports = append(ports, port)
+			}
+		}
+	}
+	labels := map[string]string{}
+	for k := range labelKeys {
+		if v, ok := p.Labels[k]; ok {
+			labels[k] = v
+		}
+	}
+	// Of the volumes, only those a filter plugin looks at (claims, CSI, and the in-tree disks
+	// VolumeRestrictions checks), without their names: every pod has its own
+	// service-account token volume, which must not make pods different.
+	var volumes []v1.VolumeSource
+	for _, vol := range p.Spec.Volumes {
+		src := vol.VolumeSource
+		if src.PersistentVolumeClaim != nil || src.Ephemeral != nil || src.CSI != nil || src.GCEPersistentDisk != nil ||
+			src.AWSElasticBlockStore != nil || src.RBD != nil || src.ISCSI != nil {
+			if src.Ephemeral != nil {
+				// The claim of a generic ephemeral volume is named after the pod.
+				volumes = append(volumes, v1.VolumeSource{PersistentVolumeClaim: &v1.PersistentVolumeClaimVolumeSource{ClaimName: p.Name + "-" + vol.Name}})
+				continue
+			}
+			volumes = append(volumes, src)
+		}
+	}
 	spec := struct {
-		R v1.ResourceList
-		N map[string]string
-		A *v1.Affinity
-		T []v1.Toleration
-	}{snapshot.PodRequests(gp.Pod), gp.Pod.Spec.NodeSelector, gp.Pod.Spec.Affinity, gp.Pod.Spec.Tolerations}
+		R  v1.ResourceList
+		N  map[string]string
+		NN string
+		A  *v1.Affinity
+		T  []v1.Toleration
+		P  []v1.ContainerPort
+		V  []v1.VolumeSource
+		S  []v1.TopologySpreadConstraint
+		L  map[string]string
+		NS string
+	}{requests, p.Spec.NodeSelector, p.Spec.NodeName, p.Spec.Affinity, p.Spec.Tolerations, ports, volumes, p.Spec.TopologySpreadConstraints, labels, p.Namespace}
 	b, _ := json.Marshal(spec)
 	_, _ = h.Write(b)
 	return h.Sum64()
@@ -380,12 +626,12 @@ func (st *search) domainPlans() []plan {
 // whole-GPU pod on the fullest node, which may be one whose free GPUs are all
 // dynamic-MIG GPUs: taking them whole strands their MIG capacity while plain
 // GPUs sit idle elsewhere. The preference applies only when the gang's hardest
-// pod fits on the node with the most free plain GPUs (one allocator probe,
-// undone at once), so that gangs asking for MIG devices are not sent through
-// every plain node first.
-func (st *search) preferPlainGPUs() bool {
+// pod fits on the node with the most free plain GPUs (one probe, undone at
+// once), so that gangs asking for MIG devices are not sent through every plain
+// node first.
+func (st *search) preferPlainGPUs() (bool, error) {
 	if st.s.cfg.Spread || len(st.order) == 0 {
-		return false
+		return false, nil
 	}
 	st.plainFree = map[int]int{}
 	best, bestFree := -1, 0
@@ -397,7 +643,7 @@ func (st *search) preferPlainGPUs() bool {
 		}
 	}
 	if best < 0 {
-		return false
+		return false, nil
 	}
 	// The probe must leave no trace in the search's failure bookkeeping: a
 	// failure here is not the gang's.
@@ -408,7 +654,7 @@ func (st *search) preferPlainGPUs() bool {
 		st.undo(pi)
 	}
 	st.bestDepth, st.failReason, st.failPod = depth, reasons, pod
-	return ok && err == nil
+	return ok, err
 }
 
 // sortNodes orders candidate nodes: nodes without free GPU units last; bin-packing puts the
@@ -447,15 +693,30 @@ func (st *search) sortNodes(subset []int) []int {
 	return subset
 }
 
+func (st *search) outOfBudget() bool {
+	switch {
+	case st.tries >= st.s.cfg.MaxTries:
+		st.budgetHit = true
+	case st.steps >= st.s.cfg.MaxSteps:
+		st.stepsHit = true
+	case st.s.cfg.WallClockGuard > 0 && time.Since(st.start) > st.s.cfg.WallClockGuard:
+		st.guardHit = true
+	default:
+		return false
+	}
+	return true
+}
+
 // run searches within one node set: depth-first over pods in search order, nodes in
 // candidate order. Pods of equal shape are interchangeable, so a pod never goes to a node
 // earlier in the candidate order than the previous pod of its shape: that cuts permutations
-// of the same placement out of the search.
+// of the same placement out of the search. Not for pods whose constraints are checked
+// incrementally and can fail part-way (topology spread, pod affinity): for them the order of
+// placement matters.
 func (st *search) run(nodes []int) (bool, error) {
 	pos := make([]int, len(st.order)) // candidate position chosen per depth
 	depth := 0
 	next := make([]int, len(st.order)) // next candidate position to try per depth
-	next[0] = 0
 	for depth >= 0 {
 		if depth == len(st.order) {
 			return true, nil
@@ -464,10 +725,10 @@ func (st *search) run(nodes []int) (bool, error) {
 			return false, err
 		}
 		pi := st.order[depth]
-		found := false
+		found, stopped := false, false
 		for c := next[depth]; c < len(nodes); c++ {
-			if st.tries >= st.s.cfg.MaxTries {
-				st.budgetHit = true
+			if st.outOfBudget() {
+				stopped = true
 				break
 			}
 			st.tries++
@@ -486,7 +747,7 @@ func (st *search) run(nodes []int) (bool, error) {
 			depth++
 			if depth < len(st.order) {
 				// Symmetry: the next pod of the same shape starts where this one went.
-				if st.pods[st.order[depth]].shape == st.pods[pi].shape {
+				if nx := st.pods[st.order[depth]]; nx.shape == st.pods[pi].shape && !nx.orderMatters {
 					next[depth] = pos[depth-1]
 				} else {
 					next[depth] = 0
@@ -494,7 +755,7 @@ func (st *search) run(nodes []int) (bool, error) {
 			}
 			continue
 		}
-		if st.budgetHit {
+		if stopped {
 			st.undoAll()
 			return false, nil
 		}
@@ -507,11 +768,10 @@ func (st *search) run(nodes []int) (bool, error) {
 	return false, nil
 }
 
+// undoAll takes back every tentative placement, last first.
 func (st *search) undoAll() {
-	for _, pi := range st.order {
-		if st.placements[pi] != nil {
-			st.undo(pi)
-		}
+	for len(st.stack) > 0 {
+		st.undo(st.stack[len(st.stack)-1])
 	}
 }
 
@@ -535,8 +795,11 @@ func (st *search) tryPlace(pi, ni, depth int) (bool, error) {
 	if reason := st.staticCheck(p, ni); reason != "" {
 		return fail(reason)
 	}
-	ng := st.onNode[ni]
-	if reason := fitsResources(node, ng, p); reason != "" {
+	reason, err := st.session.DynamicFilter(p.filter, node.Name())
+	if err != nil {
+		return false, err
+	}
+	if reason != "" {
 		return fail(reason)
 	}
 	// Claims: already allocated (outside the gang or by an earlier pod of the gang) must be
@@ -549,8 +812,8 @@ func (st *search) tryPlace(pi, ni, depth int) (bool, error) {
 			continue // checked statically
 		}
 		if owner, ok := st.owner[k]; ok {
-			if st.placements[owner].node != ni {
-				return fail("shared claim allocated on another node")
+			if !allocationReaches(st.placements[owner].resultFor(k), node.Node) {
+				return fail("shared claim allocated for another node")
 			}
 			continue
 		}
@@ -558,23 +821,32 @@ func (st *search) tryPlace(pi, ni, depth int) (bool, error) {
 		toAllocateKeys = append(toAllocateKeys, k)
 	}
 	pl := &placed{node: ni}
+	ext := st.extendedClaim(p, node)
+	if ext != nil {
+		toAllocate = append(toAllocate, ext.Claim)
+	}
 	if len(toAllocate) > 0 {
 		memo := st.memoKey(p.shape, ni)
 		if _, bad := st.failMemo[memo]; bad {
 			return fail("insufficient devices")
 		}
-		var extra []resourceapi.AllocationResult
-		if ng != nil {
+		extra := st.sharedResults(ni)
+		if ng := st.onNode[ni]; ng != nil {
 			for _, other := range ng.pods {
-				extra = append(extra, st.placements[other].results...)
+				extra = append(extra, st.placements[other].allResults()...)
 			}
 		}
-		res, err := st.snap.AllocateOnNode(st.ctx, node, extra, toAllocate)
+		res, a, err := st.snap.AllocateBounded(st.ctx, node, extra, toAllocate, st.s.cfg.MaxSteps-st.steps)
+		st.steps += a.Steps
 		if err != nil {
 			return false, fmt.Errorf("pod %s on node %s: %w", klog.KObj(p.pod), node.Name(), err)
 		}
-		if res == nil && ng != nil && len(ng.pods) > 0 && st.jointUseful(ng, p) {
-			ok, err := st.tryJoint(pi, ni, toAllocate, toAllocateKeys)
+		if a.Exhausted {
+			st.stepsHit = true
+			return fail("insufficient devices")
+		}
+		if res == nil && st.onNode[ni] != nil && st.jointUseful(st.onNode[ni], p) {
+			ok, err := st.tryJoint(pi, ni, toAllocate, toAllocateKeys, ext)
 			if err != nil {
 				return false, err
 			}
@@ -586,10 +858,71 @@ func (st *search) tryPlace(pi, ni, depth int) (bool, error) {
 			st.failMemo[memo] = struct{}{}
 			return fail("insufficient devices")
 		}
+		if ext != nil {
+			ext.Allocation = &res[len(res)-1]
+			res = res[:len(res)-1]
+			pl.extended = ext
+		}
 		pl.owned, pl.results = toAllocateKeys, res
 	}
-	st.record(pi, pl)
-	return true, nil
+	return st.record(pi, pl)
+}
+
+// resultFor returns the tentative allocation of claim k owned by this placement.
+func (pl *placed) resultFor(k claimKey) *resourceapi.AllocationResult {
+	for i, o := range pl.owned {
+		if o == k {
+			return &pl.results[i]
+		}
+	}
+	return nil
+}
+
+// allResults are the device results this placement holds.
+func (pl *placed) allResults() []resourceapi.AllocationResult {
+	if pl.extended == nil {
+		return pl.results
+	}
+	return append(append([]resourceapi.AllocationResult(nil), pl.results...), *pl.extended.Allocation)
+}
+
+// allocationReaches reports whether a (tentative) allocation is usable from node: a claim
+// allocated to a node-local device is usable there only; one on network-attached devices
+// wherever its node selector matches.
+func allocationReaches(a *resourceapi.AllocationResult, node *v1.Node) bool {
+	if a == nil || a.NodeSelector == nil {
+		return true
+	}
+	sel, err := nodeaffinity.NewNodeSelector(a.NodeSelector)
+	return err == nil && sel.Match(node)
+}
+
+// sharedResults are the network-attached devices the gang's pods on other nodes than ni hold
+// tentatively: the allocator on ni must see them as taken (a device reachable from several
+// nodes is still one device).
+func (st *search) sharedResults(ni int) []resourceapi.AllocationResult {
+	if !st.snap.HasSharedSlices() {
+		return nil
+	}
+	var out []resourceapi.AllocationResult
+	for _, other := range st.stack {
+		pl := st.placements[other]
+		if pl.node == ni {
+			continue
+		}
+		for _, r := range pl.allResults() {
+			var shared []resourceapi.DeviceRequestAllocationResult
+			for i := range r.Devices.Results {
+				if st.snap.SharedResult(&r.Devices.Results[i]) {
+					shared = append(shared, r.Devices.Results[i])
+				}
+			}
+			if len(shared) > 0 {
+				out = append(out, resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: shared}})
+			}
+		}
+	}
+	return out
 }
 
 // jointUseful: re-allocating the gang's pods on a node together can only beat adding the new
@@ -611,8 +944,9 @@ func (st *search) jointUseful(ng *nodeGang, p *podInfo) bool {
 
 // tryJoint re-allocates the claims owned by all gang pods on the node together with the new
 // pod's, letting the allocator's exhaustive search redo earlier picks (e.g. move an earlier
-// pod from a whole GPU to a MIG device so that the new pod gets the whole GPU).
-func (st *search) tryJoint(pi, ni int, claims []*resourceapi.ResourceClaim, keys []claimKey) (bool, error) {
+// pod from a whole GPU to a MIG device so that the new pod gets the whole GPU). The call is
+// bounded by JointSteps allocator steps.
+func (st *search) tryJoint(pi, ni int, claims []*resourceapi.ResourceClaim, keys []claimKey, ext *ExtendedClaim) (bool, error) {
 	ng := st.onNode[ni]
 	var all []*resourceapi.ResourceClaim
 	type span struct{ pod, from, to int }
@@ -623,66 +957,89 @@ func (st *search) tryJoint(pi, ni int, claims []*resourceapi.ResourceClaim, keys
 		for _, k := range pl.owned {
 			all = append(all, st.claims[k])
 		}
+		if pl.extended != nil {
+			all = append(all, pl.extended.Claim)
+		}
 		spans = append(spans, span{other, from, len(all)})
 	}
 	from := len(all)
 	all = append(all, claims...)
-	ctx, cancel := context.WithTimeout(st.ctx, st.s.cfg.JointTimeout)
-	defer cancel()
-	res, err := st.snap.AllocateOnNode(ctx, st.snap.Nodes[ni], nil, all)
+	budget := min(st.s.cfg.JointSteps, st.s.cfg.MaxSteps-st.steps)
+	node := st.snap.Nodes[ni]
+	res, a, err := st.snap.AllocateBounded(st.ctx, node, st.sharedResults(ni), all, budget)
+	st.steps += a.Steps
 	if err != nil {
-		if ctx.Err() != nil && st.ctx.Err() == nil {
-			return false, nil // joint search over budget: treat as no fit
-		}
-		return false, fmt.Errorf("joint allocation on node %s: %w", st.snap.Nodes[ni].Name(), err)
+		return false, fmt.Errorf("joint allocation on node %s: %w", node.Name(), err)
+	}
+	if a.Exhausted {
+		st.jointCut++
+		return false, nil
 	}
 	if res == nil {
 		return false, nil
 	}
 	for _, sp := range spans {
-		st.placements[sp.pod].results = res[sp.from:sp.to]
+		pl := st.placements[sp.pod]
+		n := len(pl.owned)
+		pl.results = res[sp.from : sp.from+n]
+		if pl.extended != nil {
+			pl.extended.Allocation = &res[sp.from+n]
+		}
 	}
-	st.record(pi, &placed{node: ni, owned: keys, results: res[from:]})
-	return true, nil
+	pl := &placed{node: ni, owned: keys}
+	mine := res[from:]
+	if ext != nil {
+		ext.Allocation = &mine[len(mine)-1]
+		mine = mine[:len(mine)-1]
+		pl.extended = ext
+	}
+	pl.results = mine
+	return st.record(pi, pl)
 }
 
-func (st *search) record(pi int, pl *placed) {
+// record makes a placement tentative: in the solver's bookkeeping and in the filters'
+// session (the pod joins the view; its volumes are assumed).
+func (st *search) record(pi int, pl *placed) (bool, error) {
+	reason, err := st.session.Assume(st.pods[pi].filter, st.snap.Nodes[pl.node].Name())
+	if err != nil {
+		return false, err
+	}
+	if reason != "" {
+		return false, nil
+	}
 	st.placements[pi] = pl
 	ng := st.onNode[pl.node]
 	if ng == nil {
-		ng = &nodeGang{requested: v1.ResourceList{}}
+		ng = &nodeGang{}
 		st.onNode[pl.node] = ng
 	}
 	ng.pods = append(ng.pods, pi)
-	for name, q := range st.pods[pi].requests {
-		cur := ng.requested[name]
-		cur.Add(q)
-		ng.requested[name] = cur
-	}
 	for _, k := range pl.owned {
 		st.owner[k] = pi
 	}
+	st.stack = append(st.stack, pi)
+	return true, nil
 }
 
-// undo removes pod pi's placement. A joint re-allocation may have changed the devices of
-// other pods on the node; those stay valid without pi (they were chosen together with it, and
-// dropping a pod only frees devices).
+// undo removes pod pi's placement, which must be the last one made. A joint re-allocation may
+// have changed the devices of other pods on the node; those stay valid without pi (they were
+// chosen together with it, and dropping a pod only frees devices).
 func (st *search) undo(pi int) {
 	pl := st.placements[pi]
 	if pl == nil {
 		return
 	}
+	if last := st.stack[len(st.stack)-1]; last != pi {
+		panic(fmt.Sprintf("solver: undo of pod %d but %d was placed last", pi, last))
+	}
+	st.stack = st.stack[:len(st.stack)-1]
+	st.session.Forget()
 	ng := st.onNode[pl.node]
 	for i, other := range ng.pods {
 		if other == pi {
 			ng.pods = append(ng.pods[:i], ng.pods[i+1:]...)
 			break
 		}
-	}
-	for name, q := range st.pods[pi].requests {
-		cur := ng.requested[name]
-		cur.Sub(q)
-		ng.requested[name] = cur
 	}
 	if len(ng.pods) == 0 {
 		delete(st.onNode, pl.node)
@@ -693,8 +1050,9 @@ func (st *search) undo(pi int) {
 	st.placements[pi] = nil
 }
 
-// memoKey identifies "a pod of this shape joins these gang shapes on this node": the outcome
-// of the allocator is the same for every such state.
+// memoKey identifies "a pod of this shape joins these gang shapes on this node, with these
+// network-attached devices taken by the gang elsewhere": the allocator's outcome is the same
+// for every such state.
 func (st *search) memoKey(shape, ni int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d@%d:", shape, ni)
@@ -708,84 +1066,56 @@ func (st *search) memoKey(shape, ni int) string {
 			fmt.Fprintf(&b, "%d,", s)
 		}
 	}
+	if shared := st.sharedResults(ni); len(shared) > 0 {
+		var ids []string
+		for _, r := range shared {
+			for _, d := range r.Devices.Results {
+				ids = append(ids, d.Driver+"/"+d.Pool+"/"+d.Device+"/"+string(ptrDeref(d.ShareID)))
+			}
+		}
+		sort.Strings(ids)
+		fmt.Fprintf(&b, "|%s", strings.Join(ids, ","))
+	}
 	return b.String()
 }
 
-// staticCheck covers what does not change during the search: node conditions, taints, node
-// selector and affinity, and claims allocated before the gang. Cached per (shape, node).
+func ptrDeref(u *types.UID) types.UID {
+	if u == nil {
+		return ""
+	}
+	return *u
+}
+
+// staticCheck covers what does not change during the search: the static filter plugins
+// (node name, unschedulable, taints, node affinity, volume zones) and claims allocated before
+// the gang. Cached per (shape, node).
 func (st *search) staticCheck(p *podInfo, ni int) string {
 	key := [2]int{p.shape, ni}
 	if r, ok := st.staticOK[key]; ok {
 		return r
 	}
-	r := st.computeStatic(p, st.snap.Nodes[ni].Node)
+	node := st.snap.Nodes[ni].Node
+	r := st.session.StaticFilter(p.filter, node.Name)
+	if r == "" {
+		for _, c := range p.claims {
+			if c.Status.Allocation != nil && !allocationReaches(c.Status.Allocation, node) {
+				r = "claim allocated for another node"
+				break
+			}
+		}
+	}
 	st.staticOK[key] = r
 	return r
 }
 
-var unschedulableTaint = v1.Taint{Key: v1.TaintNodeUnschedulable, Effect: v1.TaintEffectNoSchedule}
-
-func (st *search) computeStatic(p *podInfo, node *v1.Node) string {
-	logger := klog.FromContext(st.ctx)
-	if node.Spec.Unschedulable && !corev1helpers.TolerationsTolerateTaint(logger, p.pod.Spec.Tolerations, &unschedulableTaint, false) {
-		return "node unschedulable"
-	}
-	if _, untolerated := corev1helpers.FindMatchingUntoleratedTaint(logger, node.Spec.Taints, p.pod.Spec.Tolerations, func(t *v1.Taint) bool {
-		return t.Effect == v1.TaintEffectNoSchedule || t.Effect == v1.TaintEffectNoExecute
-	}, false); untolerated {
-		return "untolerated taint"
-	}
-	if ok, err := p.affinity.Match(node); err != nil || !ok {
-		return "node selector or affinity mismatch"
-	}
-	for _, c := range p.claims {
-		if c.Status.Allocation == nil || c.Status.Allocation.NodeSelector == nil {
-			continue
-		}
-		sel, err := nodeaffinity.NewNodeSelector(c.Status.Allocation.NodeSelector)
-		if err != nil || !sel.Match(node) {
-			return "claim allocated for another node"
-		}
-	}
-	return ""
-}
-
-func fitsResources(node *snapshot.NodeInfo, ng *nodeGang, p *podInfo) string {
-	alloc := node.Node.Status.Allocatable
-	pods := node.Pods + 1
-	if ng != nil {
-		pods += len(ng.pods)
-	}
-	if max, ok := alloc[v1.ResourcePods]; ok && int64(pods) > max.Value() {
-		return "too many pods"
-	}
-	for name, q := range p.requests {
-		if q.IsZero() {
-			continue
-		}
-		max, ok := alloc[name]
-		if !ok {
-			return "insufficient " + string(name)
-		}
-		used := node.Requested[name].DeepCopy()
-		if ng != nil {
-			used.Add(ng.requested[name])
-		}
-		used.Add(q)
-		if used.Cmp(max) > 0 {
-			return "insufficient " + string(name)
-		}
-	}
-	return ""
-}
-
 func (st *search) result() *Result {
-	res := &Result{Tries: st.tries}
+	res := &Result{Tries: st.tries, Steps: st.steps}
 	allocated := map[claimKey]bool{}
 	for _, pi := range st.order {
 		pl := st.placements[pi]
 		p := st.pods[pi]
-		out := Placement{Pod: p.pod, Node: st.snap.Nodes[pl.node].Name()}
+		node := st.snap.Nodes[pl.node].Name()
+		out := Placement{Pod: p.pod, Node: node, Consumers: p.consumers, Volumes: st.session.VolumesOf(p.filter, node)}
 		owned := map[claimKey]int{}
 		for i, k := range pl.owned {
 			owned[k] = i
@@ -800,6 +1130,12 @@ func (st *search) result() *Result {
 				continue
 			}
 			out.Reserve = append(out.Reserve, c)
+		}
+		if pl.extended != nil {
+			e := *pl.extended
+			e.Allocation = pl.extended.Allocation.DeepCopy()
+			out.Extended = &e
+			res.GPUUnits += st.snap.AllocationUnits(e.Allocation)
 		}
 		res.Placements = append(res.Placements, out)
 	}
@@ -816,7 +1152,9 @@ func (st *search) explain(plans []plan) string {
 			reasons = append(reasons, fmt.Sprintf("%d %s", n, r))
 		}
 		sort.Strings(reasons)
-		fmt.Fprintf(&b, "; pod %s then fits nowhere (%s)", st.failPod, strings.Join(reasons, ", "))
+		// The pod is not named: gangs of the same shape get the same message, whichever of
+		// them was searched (a message that changed with that would be rewritten every cycle).
+		fmt.Fprintf(&b, "; the next pod then fits nowhere (%s)", strings.Join(reasons, ", "))
 	}
 	need := 0.0
 	for _, p := range st.pods {
@@ -850,16 +1188,31 @@ func (st *search) explain(plans []plan) string {
 	if st.budgetHit {
 		fmt.Fprintf(&b, "; search budget of %d tries exhausted", st.s.cfg.MaxTries)
 	}
+	if st.stepsHit {
+		fmt.Fprintf(&b, "; search budget of %d allocator steps exhausted", st.s.cfg.MaxSteps)
+	}
+	if st.jointCut > 0 {
+		fmt.Fprintf(&b, "; %d joint device searches stopped at %d allocator steps", st.jointCut, st.s.cfg.JointSteps)
+	}
+	if st.guardHit {
+		fmt.Fprintf(&b, "; search stopped by the wall-clock guard after %s", st.s.cfg.WallClockGuard)
+	}
 	return b.String()
 }
 
-// Signature identifies gangs that are interchangeable for the search: the same multiset of pod
-// shapes and the same topology constraint. Within one cycle capacity only shrinks, so a gang
-// whose signature already failed fails again and need not be searched.
-func (s *Solver) Signature(g *Gang) string {
+// Signature identifies gangs that are interchangeable for the search on snap: the same
+// multiset of pod shapes and the same topology constraint. Within one cycle capacity only
+// shrinks, so a gang whose signature already failed fails again and need not be searched.
+// Gangs with required inter-pod affinity get no signature (""): gangs placed before them can
+// make them fit.
+func (s *Solver) Signature(snap *snapshot.Snapshot, g *Gang) string {
+	keys := relevantLabelKeys(snap, g)
 	sigs := make([]uint64, 0, len(g.Pods))
 	for _, p := range g.Pods {
-		sigs = append(sigs, s.podSignature(p))
+		if a := p.Pod.Spec.Affinity; a != nil && a.PodAffinity != nil && len(a.PodAffinity.RequiredDuringSchedulingIgnoredDuringExecution) > 0 {
+			return ""
+		}
+		sigs = append(sigs, s.podSignature(p, keys, snapshot.PodRequests(p.Pod)))
 	}
 	sort.Slice(sigs, func(i, j int) bool { return sigs[i] < sigs[j] })
 	var b strings.Builder

@@ -12,6 +12,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/klog/v2/ktesting"
 
+	"github.com/tessera-gpu/tessera/controlplane/filters/filterstest"
 	"github.com/tessera-gpu/tessera/controlplane/fixture"
 	"github.com/tessera-gpu/tessera/controlplane/snapshot"
 )
@@ -20,6 +21,15 @@ import (
 var allFeatures = structured.Features{
 	AdminAccess: true, PrioritizedList: true, PartitionableDevices: true, DeviceTaints: true,
 	ConsumableCapacity: true, DeviceBindingAndStatus: true,
+}
+
+// newSolver returns a solver with the kube-scheduler's filters on an in-memory clientset.
+func newSolver(t testing.TB, cfg Config) *Solver {
+	t.Helper()
+	if cfg.Filters == nil {
+		cfg.Filters = filterstest.New(t)
+	}
+	return New(cfg)
 }
 
 type cluster struct {
@@ -46,7 +56,11 @@ func (c *cluster) use(node string, n int) {
 
 func (c *cluster) snapshot() *snapshot.Snapshot {
 	c.in.Classes = fixture.DeviceClasses()
-	return snapshot.New(c.in, snapshot.Config{Features: allFeatures})
+	return newSnapshot(c.in)
+}
+
+func newSnapshot(in snapshot.Input) *snapshot.Snapshot {
+	return snapshot.New(in, snapshot.Config{Features: allFeatures})
 }
 
 func gpuGang(name string, n int) *Gang {
@@ -95,7 +109,7 @@ func TestGangFitsTwoNodes(t *testing.T) {
 	c.node("n1", 8, false, nil)
 	c.node("n2", 8, false, nil)
 	snap := c.snapshot()
-	res, err := New(Config{}).Solve(ctx, snap, gpuGang("g", 16))
+	res, err := newSolver(t, Config{}).Solve(ctx, snap, gpuGang("g", 16))
 	if err != nil {
 		t.Fatalf("Solve: %v", err)
 	}
@@ -115,7 +129,7 @@ func TestGangDoesNotFitSaysWhy(t *testing.T) {
 	c.node("n2", 8, false, nil)
 	c.use("n1", 1)
 	c.use("n2", 1)
-	_, err := New(Config{}).Solve(ctx, c.snapshot(), gpuGang("g", 16))
+	_, err := newSolver(t, Config{}).Solve(ctx, c.snapshot(), gpuGang("g", 16))
 	if !IsUnschedulable(err) {
 		t.Fatalf("Solve error = %v, want Unschedulable", err)
 	}
@@ -132,14 +146,14 @@ func TestBinPacking(t *testing.T) {
 	c.node("empty", 8, false, nil)
 	c.node("half", 8, false, nil)
 	c.use("half", 4)
-	res, err := New(Config{}).Solve(ctx, c.snapshot(), gpuGang("g", 4))
+	res, err := newSolver(t, Config{}).Solve(ctx, c.snapshot(), gpuGang("g", 4))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got := nodesOf(res); got["half"] != 4 {
 		t.Fatalf("bin-packing placed %v, want all 4 on the half-used node", got)
 	}
-	res, err = New(Config{Spread: true}).Solve(ctx, c.snapshot(), gpuGang("g", 4))
+	res, err = newSolver(t, Config{Spread: true}).Solve(ctx, c.snapshot(), gpuGang("g", 4))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +190,7 @@ func TestJointReallocationBeatsFirstFit(t *testing.T) {
 		t.Fatalf("first fit for b = %v, %v; want no fit (test premise)", second, err)
 	}
 
-	res, err := New(Config{}).Solve(ctx, snap, gang)
+	res, err := newSolver(t, Config{}).Solve(ctx, snap, gang)
 	if err != nil {
 		t.Fatalf("Solve: %v", err)
 	}
@@ -203,7 +217,7 @@ func TestBacktrackingAcrossPods(t *testing.T) {
 	c.use("a", 7)
 	g := gpuGang("g", 2)
 	g.Pods[1].Pod.Spec.NodeSelector = map[string]string{"pool": "a"}
-	res, err := New(Config{}).Solve(ctx, c.snapshot(), g)
+	res, err := newSolver(t, Config{}).Solve(ctx, c.snapshot(), g)
 	if err != nil {
 		t.Fatalf("Solve: %v", err)
 	}
@@ -233,7 +247,7 @@ func TestTopologyDomains(t *testing.T) {
 	c.use("a2", 4)
 	// Rack a has 8 free, rack b 16: a gang of 8 goes to a (best fit), not across racks.
 	snap := c.snapshot()
-	s := New(Config{TopologyKeys: []string{"rack"}})
+	s := newSolver(t, Config{TopologyKeys: []string{"rack"}})
 	res, err := s.Solve(ctx, snap, gpuGang("g8", 8))
 	if err != nil {
 		t.Fatal(err)
@@ -271,11 +285,11 @@ func TestNodeChecks(t *testing.T) {
 	c.in.Nodes[0].Spec.Taints = []v1.Taint{{Key: "gpu", Value: "broken", Effect: v1.TaintEffectNoSchedule}}
 	c.in.Nodes[1].Spec.Unschedulable = true
 	c.in.Nodes[2].Status.Allocatable[v1.ResourceCPU] = resource.MustParse("2")
-	_, err := New(Config{}).Solve(ctx, c.snapshot(), gpuGang("g", 3))
+	_, err := newSolver(t, Config{}).Solve(ctx, c.snapshot(), gpuGang("g", 3))
 	if !IsUnschedulable(err) {
 		t.Fatalf("err = %v, want Unschedulable", err)
 	}
-	for _, want := range []string{"untolerated taint", "insufficient cpu", "at most 2 placed"} {
+	for _, want := range []string{"had untolerated taint", "Insufficient cpu", "at most 2 placed"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("message %q lacks %q", err, want)
 		}
@@ -284,7 +298,7 @@ func TestNodeChecks(t *testing.T) {
 	for _, p := range g.Pods {
 		p.Pod.Spec.Tolerations = []v1.Toleration{{Key: "gpu", Operator: v1.TolerationOpExists}}
 	}
-	res, err := New(Config{}).Solve(ctx, c.snapshot(), g)
+	res, err := newSolver(t, Config{}).Solve(ctx, c.snapshot(), g)
 	if err != nil {
 		t.Fatalf("tolerating pods: %v", err)
 	}
@@ -299,7 +313,7 @@ func TestBudgetBoundsSearch(t *testing.T) {
 	for i := 0; i < 50; i++ {
 		c.node(fmt.Sprintf("n%02d", i), 8, false, nil)
 	}
-	_, err := New(Config{MaxTries: 2000}).Solve(ctx, c.snapshot(), gpuGang("g", 401))
+	_, err := newSolver(t, Config{MaxTries: 2000}).Solve(ctx, c.snapshot(), gpuGang("g", 401))
 	if !IsUnschedulable(err) || !strings.Contains(err.Error(), "budget of 2000 tries exhausted") {
 		t.Fatalf("err = %v, want budget exhausted", err)
 	}
@@ -311,7 +325,7 @@ func TestBadInputIsAnError(t *testing.T) {
 	c.node("n1", 8, false, nil)
 	g := gpuGang("g", 1)
 	g.Pods[0].Claims[0].Spec.Devices.Requests[0].Exactly.DeviceClassName = "no-such-class"
-	_, err := New(Config{}).Solve(ctx, c.snapshot(), g)
+	_, err := newSolver(t, Config{}).Solve(ctx, c.snapshot(), g)
 	if err == nil || IsUnschedulable(err) || !strings.Contains(err.Error(), "no-such-class") {
 		t.Fatalf("err = %v, want an input error naming the class", err)
 	}
@@ -319,18 +333,31 @@ func TestBadInputIsAnError(t *testing.T) {
 }
 
 func TestSignature(t *testing.T) {
-	s := New(Config{})
+	s := newSolver(t, Config{})
+	snap := (&cluster{}).snapshot()
 	a, b := gpuGang("a", 4), gpuGang("b", 4)
-	if s.Signature(a) != s.Signature(b) {
+	if s.Signature(snap, a) != s.Signature(snap, b) {
 		t.Error("gangs of four identical one-GPU pods have different signatures")
 	}
 	b.Pods[0].Pod.Spec.NodeSelector = map[string]string{"x": "y"}
-	if s.Signature(a) == s.Signature(b) {
+	if s.Signature(snap, a) == s.Signature(snap, b) {
 		t.Error("a node selector does not change the signature")
+	}
+	// The API server gives every pod its own token volume: no difference for the search.
+	a2 := gpuGang("a2", 4)
+	for i, p := range a2.Pods {
+		p.Pod.Spec.Volumes = []v1.Volume{{Name: fmt.Sprintf("kube-api-access-%d", i), VolumeSource: v1.VolumeSource{Projected: &v1.ProjectedVolumeSource{}}}}
+	}
+	if s.Signature(snap, a) != s.Signature(snap, a2) {
+		t.Error("service-account token volumes change the signature")
+	}
+	a2.Pods[0].Pod.Spec.Volumes = append(a2.Pods[0].Pod.Spec.Volumes, v1.Volume{Name: "data", VolumeSource: v1.VolumeSource{PersistentVolumeClaim: &v1.PersistentVolumeClaimVolumeSource{ClaimName: "data-0"}}})
+	if s.Signature(snap, a) == s.Signature(snap, a2) {
+		t.Error("a PVC does not change the signature")
 	}
 	c := gpuGang("c", 4)
 	c.Topology = &Topology{Key: "rack", Required: true}
-	if s.Signature(a) == s.Signature(c) {
+	if s.Signature(snap, a) == s.Signature(snap, c) {
 		t.Error("a topology constraint does not change the signature")
 	}
 }
@@ -347,7 +374,7 @@ func TestWholeGPUGangPrefersPlainGPUsOverPartitionable(t *testing.T) {
 	c.in.Claims = append(c.in.Claims, fixture.AllocatedClaim("other", "serving", "mig", fixture.MIGDeviceName(0, "1g.10gb", 0)))
 	snap := c.snapshot()
 
-	res, err := New(Config{}).Solve(ctx, snap, gpuGang("train", 2))
+	res, err := newSolver(t, Config{}).Solve(ctx, snap, gpuGang("train", 2))
 	if err != nil {
 		t.Fatalf("Solve whole-GPU gang: %v", err)
 	}
@@ -361,7 +388,7 @@ func TestWholeGPUGangPrefersPlainGPUsOverPartitionable(t *testing.T) {
 		claim := fixture.MIGClaim("ns", fmt.Sprintf("serve-%d-mig", i), "1g.10gb")
 		mig.Pods = append(mig.Pods, Pod{Pod: fixture.Pod("ns", fmt.Sprintf("serve-%d", i), claim.Name), Claims: []*resourceapi.ResourceClaim{claim}})
 	}
-	res, err = New(Config{}).Solve(ctx, snap, mig)
+	res, err = newSolver(t, Config{}).Solve(ctx, snap, mig)
 	if err != nil {
 		t.Fatalf("Solve MIG gang: %v", err)
 	}
@@ -373,11 +400,36 @@ func TestWholeGPUGangPrefersPlainGPUsOverPartitionable(t *testing.T) {
 	c2 := &cluster{}
 	c2.node("mig", 4, true, nil)
 	snap2 := c2.snapshot()
-	res, err = New(Config{}).Solve(ctx, snap2, gpuGang("train", 2))
+	res, err = newSolver(t, Config{}).Solve(ctx, snap2, gpuGang("train", 2))
 	if err != nil {
 		t.Fatalf("Solve on partitionable GPUs only: %v", err)
 	}
 	if got := nodesOf(res); got["mig"] != 2 {
 		t.Errorf("placed %v, want the MIG node", got)
+	}
+}
+
+// The joint re-allocation is bounded by allocator steps, not time: with a budget too small
+// to finish it, the gang that needs it does not fit and the message says why.
+func TestJointReallocationIsBoundedBySteps(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	c := &cluster{}
+	c.node("n1", 1, true, nil)
+	ca := fixture.GPUOrMIGClaim("ns", "a-acc", "3g.40gb")
+	cb := fixture.MIGClaim("ns", "b-mig", "3g.40gb")
+	gang := &Gang{Name: "ns/g", Pods: []Pod{
+		{Pod: fixture.Pod("ns", "a", ca.Name), Claims: []*resourceapi.ResourceClaim{ca}},
+		{Pod: fixture.Pod("ns", "b", cb.Name), Claims: []*resourceapi.ResourceClaim{cb}},
+	}}
+	_, err := newSolver(t, Config{JointSteps: 2}).Solve(ctx, c.snapshot(), gang)
+	if !IsUnschedulable(err) || !strings.Contains(err.Error(), "joint device searches stopped at 2 allocator steps") {
+		t.Fatalf("err = %v, want the joint step budget named", err)
+	}
+	res, err := newSolver(t, Config{}).Solve(ctx, c.snapshot(), gang)
+	if err != nil {
+		t.Fatalf("default budget: %v", err)
+	}
+	if res.Steps == 0 {
+		t.Error("result reports no allocator steps")
 	}
 }

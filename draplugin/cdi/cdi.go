@@ -155,9 +155,17 @@ func (w *Writer) SpecPath(claimUID types.UID) string {
 // record is stored as the ClaimAnnotation. It returns each device's claim
 // CDI ID (the base ID goes with each of them).
 func (w *Writer) Write(claimUID types.UID, record []byte, devices []Device) ([]string, error) {
+	return w.WriteClaim(claimUID, record, devices, cdispec.ContainerEdits{})
+}
+
+// WriteClaim is Write with claim-level edits: spec-level, so a container
+// that gets any device of the claim gets them once (the claim's MPS
+// daemon: its pipe directory and shared memory).
+func (w *Writer) WriteClaim(claimUID types.UID, record []byte, devices []Device, claimEdits cdispec.ContainerEdits) ([]string, error) {
 	spec := &cdispec.Spec{
-		Kind:        Kind,
-		Annotations: map[string]string{ClaimAnnotation: string(record)},
+		Kind:           Kind,
+		Annotations:    map[string]string{ClaimAnnotation: string(record)},
+		ContainerEdits: claimEdits,
 	}
 	ids := make([]string, 0, len(devices))
 	for _, d := range devices {

@@ -166,10 +166,14 @@ func TestSpecsAsTheRuntimeSeesThem(t *testing.T) {
 		t.Fatal(err)
 	}
 	share := whole
-	share.Env = []string{"CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"}
-	share.Mounts = []*cdispec.Mount{MountEdit(Mount{HostPath: "/run/tessera/mps/pipe", ContainerPath: "/tmp/nvidia-mps"})}
+	// The claim's MPS daemon: spec-level, once per container whatever
+	// devices of the claim it gets.
+	claimEdits := cdispec.ContainerEdits{
+		Env:    []string{"CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"},
+		Mounts: []*cdispec.Mount{MountEdit(Mount{HostPath: "/run/tessera/mps/claims/x/pipe", ContainerPath: "/tmp/nvidia-mps"})},
+	}
 	uid := types.UID("0b7d3c6e-1111-2222-3333-444455556666")
-	ids, err := w.Write(uid, []byte(`{"uid":"x"}`), []Device{{Name: "gpu-0", Edits: whole}, {Name: "gpu-1-mig-1g-10gb-2", Edits: mig}, {Name: "gpu-0-shared-a", Edits: share}})
+	ids, err := w.WriteClaim(uid, []byte(`{"uid":"x"}`), []Device{{Name: "gpu-0", Edits: whole}, {Name: "gpu-1-mig-1g-10gb-2", Edits: mig}, {Name: "gpu-0-shared-a", Edits: share}}, claimEdits)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,9 +210,18 @@ func TestSpecsAsTheRuntimeSeesThem(t *testing.T) {
 	if v := lib.ContainerView(inject(ids[0])); len(v.Devices) != 0 {
 		t.Errorf("claim device without the base (no driver): sees %v", v.UUIDs())
 	}
-	s := inject(baseID, ids[2])
+	s := inject(baseID, ids[2], ids[0])
 	if !slices.Contains(s.Process.Env, "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps") || !hasMount(s, "/tmp/nvidia-mps") {
 		t.Errorf("share: env %v mounts %v", s.Process.Env, s.Mounts)
+	}
+	n := 0
+	for _, m := range s.Mounts {
+		if m.Destination == "/tmp/nvidia-mps" {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("two devices of the claim: the pipe directory is mounted %d times", n)
 	}
 
 	records, broken, err := w.Claims()

@@ -3,12 +3,15 @@
 //
 // The file is a versioned envelope around the state:
 //
-//	{"version":"tessera.gpu/checkpoint-v2","bootID":"…","checksum":"crc32c:…","data":{…}}
+//	{"version":"tessera.gpu/checkpoint-v3","readableAs":"tessera.gpu/checkpoint-v2","bootID":"…","checksum":"crc32c:…","data":{…}}
 //
-// Versions (convert.go): v1 (wave 1) is read and converted; v2 is written.
-// A newer file is read only where its writer declared it readable as v2
-// ("readableAs"), and refused otherwise with ErrNewerVersion, leaving the
-// file and the prepared claims alone.
+// Versions (convert.go): v1 (wave 1) and v2 are read and converted; v3 is
+// written. v3 only adds fields (a claim's own MPS control daemon, a whole
+// GPU's compute mode), so it declares itself readable as v2: a tessera-node
+// that writes v2 keeps reading it after a downgrade. A newer file is read
+// only where its writer declared it readable as v2 or v3 ("readableAs"), and
+// refused otherwise with ErrNewerVersion, leaving the file and the prepared
+// claims alone.
 //
 // The checksum covers the exact bytes of data. Writes go to a temporary
 // file in the same directory, are fsynced, renamed over the old file and
@@ -37,7 +40,11 @@ const (
 	// VersionV2 records every MIG instance tessera created by GPU UUID, GPU
 	// and compute instance ID and boot ID.
 	VersionV2 = "tessera.gpu/checkpoint-v2"
-	Version   = VersionV2
+	// VersionV3 adds Claim.MPS (the claim's own MPS control daemon, which
+	// replaces v2's daemon per GPU) and Sharing.DeviceIndex and
+	// Sharing.ExclusiveProcess.
+	VersionV3 = "tessera.gpu/checkpoint-v3"
+	Version   = VersionV3
 )
 
 // State of a claim in the checkpoint.
@@ -72,6 +79,37 @@ type Claim struct {
 	Name      string     `json:"name"`
 	State     ClaimState `json:"state"`
 	Devices   []Device   `json:"devices"`
+	// MPS is the claim's own MPS control daemon (v3), serving every device
+	// of the claim whose sharing strategy is MPS. Nil when no device uses
+	// MPS, and in a record converted from v2, whose MPS devices were served
+	// by a daemon per device (Sharing.MPSDevice).
+	MPS *ClaimDaemon `json:"mps,omitempty"`
+}
+
+// ClaimDaemon is a claim's MPS control daemon: where it lives and what it
+// was started with. Everything here is decided before the daemon starts,
+// except SMPartitions, which the daemon hands out.
+type ClaimDaemon struct {
+	// ID names its directory under the MPS directory (claims/<ID>) and its
+	// pod; it is the claim UID.
+	ID string `json:"id"`
+	// Launcher started it: "pod" (a pod of its own) or "process" (a child
+	// of tessera-node).
+	Launcher string `json:"launcher"`
+	// Devices are the UUIDs (GPU-… or MIG-…) in CUDA_VISIBLE_DEVICES order:
+	// the order CUDA enumerates the claim's devices in its containers.
+	Devices []string `json:"devices"`
+	// PinnedMemoryMiB is the daemon's default pinned device memory limit
+	// per device ordinal (0: none).
+	PinnedMemoryMiB []int64 `json:"pinnedMemoryMiB,omitempty"`
+	// ActiveThreadPercentage is the daemon's default (0: none).
+	ActiveThreadPercentage int32 `json:"activeThreadPercentage,omitempty"`
+	// StaticPartitioning: started with -S; SMPartitions[i] is the static SM
+	// partition (ID from sm_partition add) of device ordinal i, of
+	// SMPartitionChunks[i] chunks.
+	StaticPartitioning bool     `json:"staticPartitioning,omitempty"`
+	SMPartitions       []string `json:"smPartitions,omitempty"`
+	SMPartitionChunks  []int    `json:"smPartitionChunks,omitempty"`
 }
 
 // Device is one allocated device of a claim and what was done for it.
@@ -129,14 +167,13 @@ type Sharing struct {
 	MPSDevice string `json:"mpsDevice,omitempty"`
 	// TimeSliceInterval is 0..3 for time-slicing.
 	TimeSliceInterval int `json:"timeSliceInterval,omitempty"`
-}
-
-// MPSDaemon is where one MPS control daemon keeps its pipes and logs. The
-// daemons themselves are found through their control pipes, not through the
-// checkpoint, so a daemon started just before a crash is never lost.
-type MPSDaemon struct {
-	PipeDir string `json:"pipeDir"`
-	LogDir  string `json:"logDir"`
+	// DeviceIndex is the device's ordinal among the devices of the claim's
+	// MPS daemon (Claim.MPS.Devices), v3.
+	DeviceIndex int `json:"deviceIndex,omitempty"`
+	// ExclusiveProcess: the plugin set the whole GPU's compute mode to
+	// EXCLUSIVE_PROCESS (only the claim's MPS server may hold a context);
+	// unprepare sets it back to DEFAULT. v3.
+	ExclusiveProcess bool `json:"exclusiveProcess,omitempty"`
 }
 
 type envelope struct {
@@ -197,15 +234,18 @@ func Decode(raw []byte) (*Checkpoint, error) {
 	cp := &Checkpoint{BootID: env.BootID, ReadVersion: env.Version}
 	var err error
 	switch {
+	case env.Version == VersionV3:
+		cp.Data, err = decodeCurrent(env.Data, true)
 	case env.Version == VersionV2:
-		cp.Data, err = decodeV2(env.Data, true)
+		cp.Data, err = decodeV2(env.Data)
 	case env.Version == VersionV1:
 		cp.Data, err = decodeV1(env.Data, env.BootID)
-	case newer(env.Version) && env.ReadableAs == VersionV2:
-		// A newer format that keeps v2's meaning: read what v2 knows.
-		cp.Data, err = decodeV2(env.Data, false)
+	case newer(env.Version) && (env.ReadableAs == VersionV3 || env.ReadableAs == VersionV2):
+		// A newer format that keeps the meaning of one this version knows:
+		// read what v3 knows, ignoring the rest.
+		cp.Data, err = decodeCurrent(env.Data, false)
 	case newer(env.Version):
-		return nil, fmt.Errorf("%w: version %q (this tessera-node reads %s and %s); refusing to start so that the claims it records stay prepared: run the newer tessera-node again, or drain the node before downgrading", ErrNewerVersion, env.Version, VersionV1, VersionV2)
+		return nil, fmt.Errorf("%w: version %q (this tessera-node reads %s, %s and %s); refusing to start so that the claims it records stay prepared: run the newer tessera-node again, or drain the node before downgrading", ErrNewerVersion, env.Version, VersionV1, VersionV2, VersionV3)
 	default:
 		return nil, fmt.Errorf("%w: unknown version %q", ErrCorrupt, env.Version)
 	}

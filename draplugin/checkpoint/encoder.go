@@ -70,7 +70,8 @@ func (e *Encoder) Encode(bootID string, d *Data) ([]byte, error) {
 // wrap builds the envelope by hand: json.Marshal would re-scan and compact
 // the (already compact) data, which costs more than encoding it.
 func wrap(bootID string, data []byte) ([]byte, error) {
-	head, err := json.Marshal(envelope{Version: Version, BootID: bootID, Checksum: checksum(data)})
+	// v3 only adds fields: a v2 reader keeps the meaning of the rest.
+	head, err := json.Marshal(envelope{Version: Version, ReadableAs: VersionV2, BootID: bootID, Checksum: checksum(data)})
 	if err != nil {
 		return nil, fmt.Errorf("encode checkpoint envelope: %w", err)
 	}

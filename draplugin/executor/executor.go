@@ -10,7 +10,9 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -50,6 +52,12 @@ type OS struct {
 	// Timeout bounds one command (default 30s): a hung nvidia-smi must not
 	// hang a kubelet call forever.
 	Timeout time.Duration
+	// Chroot, when set, runs the tools chrooted into this directory (a
+	// driver root mounted into the container, as NVIDIA's MPS daemon pod
+	// runs them): they are found in its /usr/bin, /usr/sbin, /bin or /sbin
+	// and see its libraries. Paths in arguments and environment are then
+	// paths inside it.
+	Chroot string
 }
 
 var _ Executor = OS{}
@@ -62,12 +70,24 @@ func (e OS) Run(ctx context.Context, c Command) ([]byte, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	path, err := exec.LookPath(c.Name)
-	if err != nil {
-		return nil, fmt.Errorf("run %s: %w", c.Name, err)
+	var cmd *exec.Cmd
+	if e.Chroot != "" {
+		path, err := lookInRoot(e.Chroot, c.Name)
+		if err != nil {
+			return nil, fmt.Errorf("run %s: %w", c.Name, err)
+		}
+		cmd = exec.CommandContext(ctx, path, c.Args...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: e.Chroot}
+		cmd.Dir = "/"
+		cmd.Env = append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, c.Env...)
+	} else {
+		path, err := exec.LookPath(c.Name)
+		if err != nil {
+			return nil, fmt.Errorf("run %s: %w", c.Name, err)
+		}
+		cmd = exec.CommandContext(ctx, path, c.Args...)
+		cmd.Env = append(os.Environ(), c.Env...)
 	}
-	cmd := exec.CommandContext(ctx, path, c.Args...)
-	cmd.Env = append(os.Environ(), c.Env...)
 	if c.Stdin != "" {
 		cmd.Stdin = strings.NewReader(c.Stdin)
 	}
@@ -81,4 +101,18 @@ func (e OS) Run(ctx context.Context, c Command) ([]byte, error) {
 		return stdout.Bytes(), fmt.Errorf("run %s: %w: %s", c, err, strings.TrimSpace(stderr.String()))
 	}
 	return stdout.Bytes(), nil
+}
+
+// lookInRoot finds a tool in a root's binary directories and returns its
+// path inside the root.
+func lookInRoot(root, name string) (string, error) {
+	if strings.Contains(name, "/") {
+		return name, nil
+	}
+	for _, dir := range []string{"/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin"} {
+		if st, err := os.Stat(filepath.Join(root, dir, name)); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+			return filepath.Join(dir, name), nil
+		}
+	}
+	return "", fmt.Errorf("%s not found in the binary directories of %s", name, root)
 }

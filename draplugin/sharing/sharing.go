@@ -1,21 +1,18 @@
-// Package sharing controls how processes share a GPU: the MPS control
-// daemon (one per GPU or MIG device, started for its first client claim
-// and stopped after its last) and the time-slice interval of a GPU. The
-// tools run through an executor.Executor.
+// Package sharing controls how processes share a GPU: MPS control daemons,
+// one per claim (Controller, started where it outlives the plugin by a
+// Launcher: a pod of its own, PodLauncher), the time-slice interval and the
+// compute mode of a GPU (nvidia-smi), what an MPS client container is given
+// (ClientEdits), and what the installed MPS can do (Capabilities). The
+// tools run through an executor.Executor; docs/draplugin.md says why the
+// daemons live where they do.
 package sharing
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io/fs"
-	"os"
-	"path/filepath"
 	"strconv"
 
-	"k8s.io/klog/v2"
-
-	"github.com/tessera-gpu/tessera/draplugin/checkpoint"
+	"github.com/tessera-gpu/tessera/draplugin/cdi"
 	"github.com/tessera-gpu/tessera/draplugin/executor"
 )
 
@@ -25,135 +22,104 @@ const (
 	// NvidiaSMI is the management CLI.
 	NvidiaSMI = "nvidia-smi"
 
-	// ContainerPipeDir is where a client container sees the daemon's pipe
-	// directory; CUDA_MPS_PIPE_DIRECTORY points there.
+	// ContainerPipeDir is where a client container sees its daemon's pipe
+	// directory. It is MPS's default pipe directory, so a process that
+	// unsets CUDA_MPS_PIPE_DIRECTORY still reaches the daemon.
 	ContainerPipeDir = "/tmp/nvidia-mps"
-	// controlPipe is the named pipe the daemon creates in its pipe
-	// directory; its presence tells a running daemon from a stopped one.
+	// ContainerShmDir is where daemon and clients share memory.
+	ContainerShmDir = "/dev/shm"
+	// controlPipe is the control daemon's socket in its pipe directory.
 	controlPipe = "control"
 )
 
-// Controller starts and stops MPS daemons and sets time slices.
-type Controller struct {
+// TimeSlice is the compute-policy time slice of a GPU.
+type TimeSlice int
+
+// The intervals of nvidia-smi compute-policy --set-timeslice.
+const (
+	TimeSliceDefault TimeSlice = 0
+	TimeSliceShort   TimeSlice = 1
+	TimeSliceMedium  TimeSlice = 2
+	TimeSliceLong    TimeSlice = 3
+)
+
+func (t TimeSlice) String() string {
+	switch t {
+	case TimeSliceDefault:
+		return "Default"
+	case TimeSliceShort:
+		return "Short"
+	case TimeSliceMedium:
+		return "Medium"
+	case TimeSliceLong:
+		return "Long"
+	}
+	return "TimeSlice(" + strconv.Itoa(int(t)) + ")"
+}
+
+// ComputeMode is a GPU's compute mode (nvidia-smi -c).
+type ComputeMode string
+
+const (
+	// ComputeDefault lets any number of processes hold contexts.
+	ComputeDefault ComputeMode = "DEFAULT"
+	// ComputeExclusiveProcess lets one process hold a context: with MPS,
+	// the claim's MPS server, so that no process can use the GPU around
+	// the daemon's limits.
+	ComputeExclusiveProcess ComputeMode = "EXCLUSIVE_PROCESS"
+)
+
+// GPUSettings sets time slices and compute modes with nvidia-smi.
+type GPUSettings struct {
 	Exec executor.Executor
-	// MPSRoot is the host directory under which every daemon gets
-	// <uuid>/pipe and <uuid>/log.
-	MPSRoot string
 }
 
-// Daemon returns where the daemon for the device lives.
-func (c *Controller) Daemon(uuid string) checkpoint.MPSDaemon {
-	return checkpoint.MPSDaemon{
-		PipeDir: filepath.Join(c.MPSRoot, uuid, "pipe"),
-		LogDir:  filepath.Join(c.MPSRoot, uuid, "log"),
+// SetTimeSlice sets the GPU's time-slice interval.
+func (g GPUSettings) SetTimeSlice(ctx context.Context, gpuUUID string, t TimeSlice) error {
+	if t < TimeSliceDefault || t > TimeSliceLong {
+		return fmt.Errorf("time-slice interval %d out of range 0..3", int(t))
 	}
-}
-
-// StartMPS starts the control daemon for the device with the given UUID
-// (a GPU-… or MIG-… UUID) unless it runs already. The daemon runs with -d
-// (it daemonizes), so it outlives the plugin process: a restarted plugin
-// finds it through its control pipe under MPSRoot.
-func (c *Controller) StartMPS(ctx context.Context, uuid string) (checkpoint.MPSDaemon, error) {
-	d := c.Daemon(uuid)
-	for _, dir := range []string{d.PipeDir, d.LogDir} {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return d, fmt.Errorf("create MPS directory for %s: %w", uuid, err)
-		}
+	if !uuidPattern.MatchString(gpuUUID) || gpuUUID[:4] != "GPU-" {
+		return fmt.Errorf("set time slice: %q is not a GPU UUID", gpuUUID)
 	}
-	if c.Running(uuid) {
-		klog.FromContext(ctx).V(2).Info("MPS control daemon already running", "device", uuid)
-		return d, nil
-	}
-	_, err := c.Exec.Run(ctx, executor.Command{
-		Name: MPSControl,
-		Args: []string{"-d"},
-		Env: []string{
-			"CUDA_VISIBLE_DEVICES=" + uuid,
-			"CUDA_MPS_PIPE_DIRECTORY=" + d.PipeDir,
-			"CUDA_MPS_LOG_DIRECTORY=" + d.LogDir,
-		},
-	})
-	if err != nil {
-		return d, fmt.Errorf("start MPS control daemon for %s: %w", uuid, err)
-	}
-	klog.FromContext(ctx).Info("Started MPS control daemon", "device", uuid, "pipeDir", d.PipeDir)
-	return d, nil
-}
-
-// Running reports whether the daemon's control pipe exists.
-func (c *Controller) Running(uuid string) bool {
-	_, err := os.Stat(filepath.Join(c.Daemon(uuid).PipeDir, controlPipe))
-	return err == nil
-}
-
-// Daemons lists the devices whose daemon is running.
-func (c *Controller) Daemons() ([]string, error) {
-	entries, err := os.ReadDir(c.MPSRoot)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("list MPS daemons: %w", err)
-	}
-	var out []string
-	for _, e := range entries {
-		if e.IsDir() && c.Running(e.Name()) {
-			out = append(out, e.Name())
-		}
-	}
-	return out, nil
-}
-
-// StopMPS asks the daemon to quit. A daemon that is not running is not an
-// error: stopping is idempotent.
-func (c *Controller) StopMPS(ctx context.Context, uuid string) error {
-	if !c.Running(uuid) {
-		klog.FromContext(ctx).V(2).Info("MPS control daemon not running", "device", uuid)
-		return nil
-	}
-	d := c.Daemon(uuid)
-	_, err := c.Exec.Run(ctx, executor.Command{
-		Name: MPSControl,
-		Env: []string{
-			"CUDA_MPS_PIPE_DIRECTORY=" + d.PipeDir,
-			"CUDA_MPS_LOG_DIRECTORY=" + d.LogDir,
-		},
-		Stdin: "quit\n",
-	})
-	if err != nil {
-		return fmt.Errorf("stop MPS control daemon for %s: %w", uuid, err)
-	}
-	klog.FromContext(ctx).Info("Stopped MPS control daemon", "device", uuid)
-	return nil
-}
-
-// SetTimeSlice sets the GPU's time-slice interval (0 Default … 3 Long).
-func (c *Controller) SetTimeSlice(ctx context.Context, gpuUUID string, interval int) error {
-	if interval < 0 || interval > 3 {
-		return fmt.Errorf("time-slice interval %d out of range 0..3", interval)
-	}
-	_, err := c.Exec.Run(ctx, executor.Command{
+	if _, err := g.Exec.Run(ctx, executor.Command{
 		Name: NvidiaSMI,
-		Args: []string{"compute-policy", "-i", gpuUUID, "--set-timeslice", strconv.Itoa(interval)},
-	})
-	if err != nil {
-		return fmt.Errorf("set time slice of %s to %d: %w", gpuUUID, interval, err)
+		Args: []string{"compute-policy", "-i", gpuUUID, "--set-timeslice", strconv.Itoa(int(t))},
+	}); err != nil {
+		return fmt.Errorf("set time slice of %s to %s: %w", gpuUUID, t, err)
 	}
 	return nil
 }
 
-// ClientEnv is the environment of an MPS client with the claim's limits.
-// The memory limit is given for device ordinal 0 in MiB (MPS counts in
-// MiB, rounded down, at least 1): a container sees the claim's GPU as its
-// first device.
-func ClientEnv(s *checkpoint.Sharing) []string {
-	env := []string{"CUDA_MPS_PIPE_DIRECTORY=" + ContainerPipeDir}
-	if s.ActiveThreadPercentage > 0 {
-		env = append(env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="+strconv.Itoa(int(s.ActiveThreadPercentage)))
+// SetComputeMode sets the GPU's compute mode.
+func (g GPUSettings) SetComputeMode(ctx context.Context, gpuUUID string, m ComputeMode) error {
+	if m != ComputeDefault && m != ComputeExclusiveProcess {
+		return fmt.Errorf("compute mode %q is not one of %s, %s", m, ComputeDefault, ComputeExclusiveProcess)
 	}
-	if s.PinnedMemoryLimitBytes > 0 {
-		mib := max(s.PinnedMemoryLimitBytes>>20, 1)
-		env = append(env, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0="+strconv.FormatInt(mib, 10)+"M")
+	if !uuidPattern.MatchString(gpuUUID) || gpuUUID[:4] != "GPU-" {
+		return fmt.Errorf("set compute mode: %q is not a GPU UUID", gpuUUID)
 	}
-	return env
+	if _, err := g.Exec.Run(ctx, executor.Command{Name: NvidiaSMI, Args: []string{"-i", gpuUUID, "-c", string(m)}}); err != nil {
+		return fmt.Errorf("set compute mode of %s to %s: %w", gpuUUID, m, err)
+	}
+	return nil
+}
+
+// ClientEdits are what every container of a claim with an MPS daemon gets
+// (CDI spec-level edits of the claim): the daemon's pipe directory mounted
+// at MPS's default location and pointed at, the daemon's shared memory at
+// /dev/shm, and, with static partitioning, the partition to run in (a
+// client without it fails in static partitioning mode: unsetting it cannot
+// lift the partition). No limit is in the environment: the daemon holds
+// them.
+func ClientEdits(d Daemon) (env []string, mounts []cdi.Mount) {
+	env = []string{"CUDA_MPS_PIPE_DIRECTORY=" + ContainerPipeDir}
+	if d.SMPartition != "" {
+		env = append(env, "CUDA_MPS_SM_PARTITION="+d.SMPartition)
+	}
+	mounts = []cdi.Mount{
+		{HostPath: d.Pipe, ContainerPath: ContainerPipeDir},
+		{HostPath: d.Shm, ContainerPath: ContainerShmDir},
+	}
+	return env, mounts
 }

@@ -146,8 +146,17 @@ func (m *MPSConfig) validate(p *field.Path) field.ErrorList {
 	if lim := m.PinnedDeviceMemoryLimit; lim != nil && lim.Cmp(minPinnedMemory) < 0 {
 		errs = append(errs, field.Invalid(p.Child("pinnedDeviceMemoryLimit"), lim.String(), "must be at least 1Mi"))
 	}
+	if lim := m.PinnedDeviceMemoryLimit; lim != nil && lim.Cmp(maxPinnedMemory) > 0 {
+		errs = append(errs, field.Invalid(p.Child("pinnedDeviceMemoryLimit"), lim.String(), "must be at most 1Pi"))
+	}
+	if sp := m.SMPartition; sp != nil && *sp != SMPartitionRequired && *sp != SMPartitionPreferred {
+		errs = append(errs, field.NotSupported(p.Child("smPartition"), *sp, []string{string(SMPartitionRequired), string(SMPartitionPreferred)}))
+	}
 	return errs
 }
+
+// maxPinnedMemory bounds a limit so that its MiB fit any tool's parser.
+var maxPinnedMemory = resource.MustParse("1Pi")
 
 // Index returns the value that `nvidia-smi compute-policy --set-timeslice`
 // takes for the interval (0..3).

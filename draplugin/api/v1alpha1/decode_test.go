@@ -74,6 +74,17 @@ func TestDecode(t *testing.T) {
 		{name: "bad quantity", in: `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS","mps":{"pinnedDeviceMemoryLimit":"lots"}}}`, wantErr: `quantities must match`},
 		{name: "mig time slicing", in: `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"MigDeviceConfig","sharing":{"strategy":"TimeSlicing"}}`, wantErr: `sharing.strategy: Unsupported value: "TimeSlicing"`},
 		{name: "not json", in: `apiVersion: x`, wantErr: `decode opaque config`},
+		{
+			name: "sm partition",
+			in:   `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS","mps":{"smPartition":"Required"}}}`,
+			check: func(t *testing.T, c Config) {
+				if p := c.(*GpuConfig).Sharing.MPS.SMPartition; p == nil || *p != SMPartitionRequired {
+					t.Errorf("smPartition = %v", p)
+				}
+			},
+		},
+		{name: "bad sm partition", in: `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"MigDeviceConfig","sharing":{"strategy":"MPS","mps":{"smPartition":"Always"}}}`, wantErr: `sharing.mps.smPartition: Unsupported value: "Always"`},
+		{name: "memory too large", in: `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS","mps":{"pinnedDeviceMemoryLimit":"2Pi"}}}`, wantErr: `must be at most 1Pi`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := Decode([]byte(tc.in))
@@ -94,10 +105,46 @@ func TestDecode(t *testing.T) {
 func FuzzDecode(f *testing.F) {
 	f.Add([]byte(`{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS","mps":{"activeThreadPercentage":40}}}`))
 	f.Add([]byte(`{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"MigDeviceConfig"}`))
+	f.Add([]byte(`{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"TimeSlicing","timeSlicing":{"interval":"Long"}}}`))
+	f.Add([]byte(`{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig","sharing":{"strategy":"MPS","mpsConfig":{"defaultPinnedDeviceMemoryLimit":"1Gi"}}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c, err := Decode(data)
 		if err == nil && c == nil {
 			t.Fatal("nil config without error")
+		}
+		if err != nil {
+			return
+		}
+		// Whatever decodes is within what the tools accept: these values
+		// end up in nvidia-cuda-mps-control's environment and nvidia-smi's
+		// arguments.
+		var m *MPSConfig
+		switch c := c.(type) {
+		case *GpuConfig:
+			if c.Sharing != nil {
+				m = c.Sharing.MPS
+				if ts := c.Sharing.TimeSlicing; ts != nil {
+					if i, err := ts.Interval.Index(); err != nil || i < 0 || i > 3 {
+						t.Fatalf("interval %q decoded", ts.Interval)
+					}
+				}
+			}
+		case *MigDeviceConfig:
+			if c.Sharing != nil {
+				m = c.Sharing.MPS
+			}
+		}
+		if m == nil {
+			return
+		}
+		if p := m.ActiveThreadPercentage; p != nil && (*p < 1 || *p > 100) {
+			t.Fatalf("thread percentage %d decoded", *p)
+		}
+		if l := m.PinnedDeviceMemoryLimit; l != nil && (l.Cmp(minPinnedMemory) < 0 || l.Cmp(maxPinnedMemory) > 0) {
+			t.Fatalf("memory limit %s decoded", l)
+		}
+		if p := m.SMPartition; p != nil && *p != SMPartitionRequired && *p != SMPartitionPreferred {
+			t.Fatalf("smPartition %q decoded", *p)
 		}
 	})
 }

@@ -96,9 +96,79 @@ type TimeSlicingConfig struct {
 
 // MPSConfig limits the MPS clients of a claim. For a fractional share the
 // limits default to what the allocation consumed and may only lower it.
+// The limits are set on the claim's own MPS control daemon, not in the
+// clients' environment.
 type MPSConfig struct {
 	// ActiveThreadPercentage is the share of the device's SMs, 1..100.
 	ActiveThreadPercentage *int32 `json:"activeThreadPercentage,omitempty"`
 	// PinnedDeviceMemoryLimit limits device memory per client, at least 1Mi.
 	PinnedDeviceMemoryLimit *resource.Quantity `json:"pinnedDeviceMemoryLimit,omitempty"`
+	// SMPartition asks for a hard compute fraction: a static SM partition
+	// (MPS static partitioning, CUDA 13.1 and later) of the compute share's
+	// part of the device's SM chunks, instead of an active thread
+	// percentage. Required fails the prepare where MPS cannot do it;
+	// Preferred falls back to the thread percentage and says so in the
+	// claim's status and an Event. Unset: the thread percentage.
+	SMPartition *SMPartitionPolicy `json:"smPartition,omitempty"`
+}
+
+// SMPartitionPolicy says whether a static SM partition is required.
+type SMPartitionPolicy string
+
+const (
+	SMPartitionRequired  SMPartitionPolicy = "Required"
+	SMPartitionPreferred SMPartitionPolicy = "Preferred"
+)
+
+// SharingStatusKind is the kind of the data the plugin writes into a
+// claim's status.devices[].data for each shared device.
+const SharingStatusKind = "SharingStatus"
+
+// SharingStatus is what the plugin applied to one device of a claim, in
+// status.devices[].data (kubectl describe resourceclaim shows it): the
+// strategy, each limit with how it is enforced, and what is not enforced.
+type SharingStatus struct {
+	metav1.TypeMeta `json:",inline"`
+
+	// Strategy is MPS or TimeSlicing.
+	Strategy SharingStrategy `json:"strategy"`
+	// MPS is set for a device served by the claim's MPS control daemon.
+	MPS *MPSStatus `json:"mps,omitempty"`
+	// TimeSlicing is set for a time-sliced GPU.
+	TimeSlicing *TimeSlicingStatus `json:"timeSlicing,omitempty"`
+	// NotEnforced lists what the allocation accounts for but nothing on
+	// the node limits, with the reason.
+	NotEnforced []string `json:"notEnforced,omitempty"`
+}
+
+// MPSStatus is the claim's MPS daemon as it serves one device.
+type MPSStatus struct {
+	// Daemon is where the claim's control daemon runs ("pod
+	// tessera/tessera-mps-<claim UID>" or "process").
+	Daemon string `json:"daemon"`
+	// DeviceOrdinal is the device's CUDA ordinal in the claim's containers.
+	DeviceOrdinal int `json:"deviceOrdinal"`
+	// PinnedDeviceMemoryLimit is the daemon's limit for the device.
+	PinnedDeviceMemoryLimit *resource.Quantity `json:"pinnedDeviceMemoryLimit,omitempty"`
+	// ActiveThreadPercentage is the daemon's default for its clients.
+	ActiveThreadPercentage *int32 `json:"activeThreadPercentage,omitempty"`
+	// SMPartition is the device's static SM partition.
+	SMPartition *SMPartitionStatus `json:"smPartition,omitempty"`
+	// ComputeMode is the GPU's compute mode when the plugin set it
+	// (EXCLUSIVE_PROCESS for an MPS whole GPU).
+	ComputeMode string `json:"computeMode,omitempty"`
+	// MPSVersion is the installed nvidia-cuda-mps-control version (0:
+	// unknown).
+	MPSVersion int `json:"mpsVersion,omitempty"`
+}
+
+// SMPartitionStatus is a static SM partition.
+type SMPartitionStatus struct {
+	ID     string `json:"id"`
+	Chunks int    `json:"chunks"`
+}
+
+// TimeSlicingStatus is a time-sliced GPU.
+type TimeSlicingStatus struct {
+	Interval TimeSliceInterval `json:"interval"`
 }

@@ -1,16 +1,13 @@
-package scheduler
+package decide
 
 import (
 	"context"
+	"fmt"
 	"sort"
 	"strings"
-	"time"
 
 	v1 "k8s.io/api/core/v1"
-	policyv1 "k8s.io/api/policy/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
@@ -19,45 +16,37 @@ import (
 	"github.com/tessera-gpu/tessera/controlplane/snapshot"
 )
 
-// evictionWait is how long a reclaim waits for its evicted pods before it may choose more
-// victims.
-const evictionWait = 2 * time.Minute
-
-// maxReclaimTries bounds how many victim sets are simulated for one gang per cycle.
-const maxReclaimTries = 8
-
-// ReasonReclaimed is the Event reason on a gang evicted to give a queue back its quota.
-const ReasonReclaimed = "Reclaimed"
+// ReasonReclaimed is the Event reason on a gang evicted to give a queue back its quota;
+// ReasonReclaiming the one on the gang it is evicted for.
+const (
+	ReasonReclaimed  = "Reclaimed"
+	ReasonReclaiming = "Reclaiming"
+)
 
 // reclaim makes quota a guarantee: g is within its queue's quota but does not fit because other
-// queues borrowed the capacity. Whole gangs of borrowing queues are evicted, the queue that
-// borrowed most per weight and its newest gang first, but never below their own quota, and
-// only when a simulation on the cluster without them shows that g then fits. The evicted pods'
-// operators recreate them; they wait as borrowers. One reclaim runs at a time: while evicted
-// pods terminate, no new victims are chosen.
-func (s *Scheduler) reclaim(ctx context.Context, in snapshot.Input, gangs map[string]*gangState, tree *quota.Tree, g *gangState) {
+// queues borrowed the capacity. Whole gangs of borrowing queues are chosen for eviction, the
+// queue that borrowed most per weight and its newest gang first, but never below their own
+// quota, and only when a simulation on the cluster without them shows that g then fits. One
+// reclaim runs at a time: while evicted pods terminate (at most EvictionWait), no new victims
+// are chosen.
+func reclaim(ctx context.Context, cfg Config, in Input, d *Decisions, mem *Memory, gangs []*gangState, tree *quota.Tree, g *gangState) {
 	logger := klog.FromContext(ctx)
-	// While pods this scheduler evicted are still there (for at most evictionWait), their
-	// capacity is on its way back: choose no further victims.
-	s.mu.Lock()
-	if len(s.evicting) > 0 {
+	if len(mem.evicting) > 0 {
 		live := map[types.UID]bool{}
-		for _, p := range in.Pods {
+		for _, p := range in.Raw.Pods {
 			live[p.UID] = true
 		}
-		for uid, at := range s.evicting {
-			if !live[uid] || time.Since(at) > evictionWait {
-				delete(s.evicting, uid)
+		for uid, at := range mem.evicting {
+			if !live[uid] || in.Now.Sub(at) > cfg.EvictionWait {
+				delete(mem.evicting, uid)
 			}
 		}
 	}
-	busy := len(s.evicting) > 0
-	s.mu.Unlock()
-	if busy {
+	if len(mem.evicting) > 0 {
 		return
 	}
 	counted := map[types.UID]bool{}
-	base := snapshot.New(in, snapshot.Config{Features: s.features, GPUDrivers: s.opts.GPUDrivers, CELCache: s.celCache})
+	base := snapshot.New(in.Raw, cfg.Snapshot)
 	type victim struct {
 		g     *gangState
 		usage quota.Usage
@@ -65,7 +54,7 @@ func (s *Scheduler) reclaim(ctx context.Context, in snapshot.Input, gangs map[st
 	}
 	var victims []victim
 	for _, b := range gangs {
-		if b == g || b.pg == nil || len(b.bound) == 0 || b.pg.Spec.Queue == "" || b.pg.Spec.Queue == g.pg.Spec.Queue {
+		if b == g || b.pg == nil || len(b.Bound) == 0 || b.pg.Spec.Queue == "" || b.pg.Spec.Queue == g.pg.Spec.Queue {
 			continue
 		}
 		n := tree.Get(b.pg.Spec.Queue)
@@ -78,8 +67,8 @@ func (s *Scheduler) reclaim(ctx context.Context, in snapshot.Input, gangs map[st
 			continue
 		}
 		u := quota.Usage{}
-		for _, p := range b.bound {
-			u.Add(s.podUsage(base, p, counted))
+		for _, p := range b.Bound {
+			u.Add(podUsage(base, p, counted))
 		}
 		share := over
 		if w > 0 {
@@ -99,7 +88,7 @@ func (s *Scheduler) reclaim(ctx context.Context, in snapshot.Input, gangs map[st
 			return tj.Before(&ti)
 		}
 		// Timestamps have a resolution of one second; names keep the order deterministic.
-		return victims[i].g.key > victims[j].g.key
+		return victims[i].g.Key > victims[j].g.Key
 	})
 	// Take victims while their queue stays at or above its quota; simulate after each.
 	released := map[string]float64{} // queue → GPU units taken away so far
@@ -114,37 +103,34 @@ func (s *Scheduler) reclaim(ctx context.Context, in snapshot.Input, gangs map[st
 		}
 		released[n.Queue.Name] += v.usage[v1alpha1.ResourceGPU]
 		chosen = append(chosen, v.g)
-		for _, p := range v.g.bound {
+		for _, p := range v.g.Bound {
 			evict[p.UID] = true
 		}
-		if tries++; tries > maxReclaimTries {
+		if tries++; tries > cfg.MaxReclaimTries {
 			break
 		}
-		snap := snapshot.New(without(in, evict), snapshot.Config{Features: s.features, GPUDrivers: s.opts.GPUDrivers, CELCache: s.celCache})
-		if _, err := s.solver.Solve(ctx, snap, g.gang); err != nil {
+		snap := snapshot.New(without(in.Raw, evict), cfg.Snapshot)
+		if _, err := cfg.Solver.Solve(ctx, snap, g.gang); err != nil {
 			continue
 		}
 		names := make([]string, 0, len(chosen))
 		for _, c := range chosen {
-			names = append(names, c.key)
+			names = append(names, c.Key)
 		}
-		logger.Info("Reclaiming quota: evicting borrowing gangs", "podGroup", g.key, "queue", g.pg.Spec.Queue, "victims", names)
-		s.recorder.Eventf(g.pg, v1.EventTypeNormal, "Reclaiming", "queue %q is within its quota: evicting %d borrowing gangs (%s)", g.pg.Spec.Queue, len(chosen), strings.Join(names, ", "))
+		logger.Info("Reclaiming quota: evicting borrowing gangs", "podGroup", g.Key, "queue", g.pg.Spec.Queue, "victims", names)
+		d.Events = append(d.Events, Event{Object: g.PodGroup, Type: v1.EventTypeNormal, Reason: ReasonReclaiming,
+			Message: fmt.Sprintf("queue %q is within its quota: evicting %d borrowing gangs (%s)", g.pg.Spec.Queue, len(chosen), strings.Join(names, ", "))})
 		for _, c := range chosen {
-			s.recorder.Eventf(c.pg, v1.EventTypeWarning, ReasonReclaimed, "evicted: queue %q borrowed beyond its quota and queue %q needs its quota back for gang %s", c.pg.Spec.Queue, g.pg.Spec.Queue, g.key)
-			for _, p := range c.bound {
-				s.mu.Lock()
-				s.evicting[p.UID] = time.Now()
-				s.mu.Unlock()
-				err := s.kube.PolicyV1().Evictions(p.Namespace).Evict(ctx, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}})
-				if err != nil && !apierrors.IsNotFound(err) {
-					logger.Error(err, "Evict pod", "pod", klog.KObj(p))
-				}
+			d.Events = append(d.Events, Event{Object: c.PodGroup, Type: v1.EventTypeWarning, Reason: ReasonReclaimed,
+				Message: fmt.Sprintf("evicted: queue %q borrowed beyond its quota and queue %q needs its quota back for gang %s", c.pg.Spec.Queue, g.pg.Spec.Queue, g.Key)})
+			for _, p := range c.Bound {
+				mem.evicting[p.UID] = in.Now
+				d.Evictions = append(d.Evictions, p)
 			}
 		}
 		return
 	}
-	logger.V(2).Info("Reclaim would not make the gang fit", "podGroup", g.key, "candidates", len(victims))
+	logger.V(2).Info("Reclaim would not make the gang fit", "podGroup", g.Key, "candidates", len(victims))
 }
 
 // without returns the input without the given pods, and with the claims only they used

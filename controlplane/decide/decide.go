@@ -1,0 +1,588 @@
+// Package decide is tessera's scheduling policy as a function: a snapshot of the cluster, the
+// queue tree and the gangs go in; decisions come out — which gangs to place where, why the
+// others wait, which gangs to evict to give a queue its quota back, and the status, pod
+// conditions and Events that say so. Decide makes no API call and reads no clock (the time is
+// an input), so it can be called on any snapshot without side effects: by the scheduler's
+// loop, by tests without an API server, by a shadow scheduler that decides but does not act.
+// Acting on the decisions — commits, status writes, Events — is the caller's business
+// (controlplane/scheduler's effects layer).
+package decide
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+
+	v1alpha1 "github.com/tessera-gpu/tessera/controlplane/api/v1alpha1"
+	"github.com/tessera-gpu/tessera/controlplane/quota"
+	"github.com/tessera-gpu/tessera/controlplane/snapshot"
+	"github.com/tessera-gpu/tessera/controlplane/solver"
+)
+
+// Config is the policy's configuration.
+type Config struct {
+	// Solver searches placements. Required.
+	Solver *solver.Solver
+	// Snapshot configures the snapshots Decide builds for simulations (reclaim, starvation).
+	Snapshot snapshot.Config
+	// StarvationTimeout: a borrowing gang that has not fit for this long (and would fit the
+	// empty cluster) holds back other borrowing gangs until it is placed. Zero means 5
+	// minutes; negative disables.
+	StarvationTimeout time.Duration
+	// FormationTimeout: a gang with fewer pods than minMember for this long (counted from
+	// its oldest pod) says so loudly: its condition names the workload and what is missing,
+	// an Event is emitted and its waiting pods get PodScheduled=False. Zero means 2 minutes;
+	// negative disables.
+	FormationTimeout time.Duration
+	// MinBackoff and MaxBackoff bound the retry delay of a gang that did not fit. Defaults
+	// 500ms and 10s.
+	MinBackoff, MaxBackoff time.Duration
+	// MaxReclaimTries bounds the victim sets simulated for one gang per cycle. Default 8.
+	MaxReclaimTries int
+	// EvictionWait is how long a reclaim waits for its evicted pods before it may choose more
+	// victims. Default 2 minutes.
+	EvictionWait time.Duration
+}
+
+func (c Config) withDefaults() Config {
+	if c.StarvationTimeout == 0 {
+		c.StarvationTimeout = 5 * time.Minute
+	}
+	if c.FormationTimeout == 0 {
+		c.FormationTimeout = 2 * time.Minute
+	}
+	if c.MinBackoff <= 0 {
+		c.MinBackoff = 500 * time.Millisecond
+	}
+	if c.MaxBackoff <= 0 {
+		c.MaxBackoff = 10 * time.Second
+	}
+	if c.MaxReclaimTries <= 0 {
+		c.MaxReclaimTries = 8
+	}
+	if c.EvictionWait <= 0 {
+		c.EvictionWait = 2 * time.Minute
+	}
+	return c
+}
+
+// Gang is one gang as the caller found it in the cluster.
+type Gang struct {
+	// Key is namespace/name of its PodGroup.
+	Key string
+	// PodGroup is the tessera PodGroup as it is now (with the caller's writes that the
+	// informers have not delivered yet); nil when it does not exist yet.
+	PodGroup *v1alpha1.PodGroup
+	// Desired is the PodGroup the mapper wants (created or its spec kept current); nil for a
+	// PodGroup made by hand.
+	Desired *v1alpha1.PodGroup
+	// MappedReason and MappedMessage say how the gang was found (Mapped condition).
+	MappedReason, MappedMessage string
+	// Workload names the gang's workload for messages ("JobSet ns/train"); may be empty.
+	Workload string
+	// Upstream is the scheduling.k8s.io PodGroup the gang's pods name
+	// (spec.schedulingGroup), when it is one.
+	Upstream *schedulingv1beta1.PodGroup
+	// Pending pods wait for a node; Bound hold one; Terminating are going away but still
+	// hold their devices (charged, not members).
+	Pending, Bound, Terminating []*v1.Pod
+	// Running, Succeeded, Failed count the gang's pods in those phases.
+	Running, Succeeded, Failed int
+}
+
+func (g *Gang) spec() *v1alpha1.PodGroup {
+	if g.PodGroup != nil {
+		if g.Desired != nil {
+			// The mapper's spec wins over a PodGroup whose update is still in flight.
+			pg := g.PodGroup.DeepCopy()
+			pg.Spec.MinMember, pg.Spec.Queue = g.Desired.Spec.MinMember, g.Desired.Spec.Queue
+			return pg
+		}
+		return g.PodGroup
+	}
+	return g.Desired
+}
+
+// Input is one cycle's state.
+type Input struct {
+	// Now is the cycle's time; Decide reads no clock.
+	Now time.Time
+	// Snapshot of nodes, devices and pods. Decide consumes it: placed gangs are assumed in
+	// it so that later gangs of the cycle see their capacity taken.
+	Snapshot *snapshot.Snapshot
+	// Raw is what Snapshot was built from; simulations (reclaim, starvation) build
+	// snapshots from it.
+	Raw snapshot.Input
+	// Queues are all Queues.
+	Queues []*v1alpha1.Queue
+	// Gangs are all gangs with live pods (any order).
+	Gangs []*Gang
+	// CapacityGen changes whenever capacity may have come back (a pod finished, a claim was
+	// released, a node, slice, class or queue changed); gangs in backoff are then retried.
+	CapacityGen uint64
+}
+
+// Memory is what decisions remember from cycle to cycle: backoffs, how long gangs have
+// waited, which warnings were given, which pods a reclaim evicted. The caller owns it and
+// passes the same Memory to every Decide; a shadow caller passes its own.
+type Memory struct {
+	failures map[string]*failure
+	// warned: gang key → the last warning Event (reason: message) emitted for it.
+	warned map[string]string
+	// evicting: pods evicted by a reclaim, and when.
+	evicting map[types.UID]time.Time
+}
+
+type failure struct {
+	reason, message string
+	at              time.Time
+	backoff         time.Duration
+	capacity        uint64
+	since           time.Time
+	fitsEmpty       *bool
+}
+
+// NewMemory returns empty memory (a new leadership term starts with it).
+func NewMemory() *Memory {
+	return &Memory{failures: map[string]*failure{}, warned: map[string]string{}, evicting: map[types.UID]time.Time{}}
+}
+
+// CommitFailed records that the commit of a placed gang failed (the caller undid it): the
+// gang waits with the error as its reason and is retried after the minimum backoff.
+func (m *Memory) CommitFailed(key, message string, now time.Time, cfg Config) {
+	cfg = cfg.withDefaults()
+	backoff, since := cfg.MinBackoff, now
+	if prev := m.failures[key]; prev != nil {
+		// A commit that keeps failing (a volume that never binds) is retried less and less
+		// often.
+		backoff, since = min(cfg.MaxBackoff, 2*prev.backoff), prev.since
+	}
+	m.failures[key] = &failure{reason: v1alpha1.ReasonCommitFailed, message: message, at: now, backoff: backoff, since: since}
+}
+
+// Committed records that a placed gang's commit succeeded: its failure history ends.
+func (m *Memory) Committed(key string) { delete(m.failures, key) }
+
+// Decisions is what one cycle decided.
+type Decisions struct {
+	// Placements are the admitted gangs, to commit.
+	Placements []*Placement
+	// PodGroups to create (Object has no resourceVersion) or whose spec to update.
+	PodGroups []*v1alpha1.PodGroup
+	// Statuses are PodGroup statuses that differ from what the PodGroups show.
+	Statuses []PodGroupStatus
+	// UpstreamStatuses are scheduling.k8s.io PodGroup conditions that differ.
+	UpstreamStatuses []UpstreamStatus
+	// QueueStatuses are Queue statuses that differ.
+	QueueStatuses []QueueStatus
+	// PodConditions are PodScheduled=False conditions waiting pods lack.
+	PodConditions []PodCondition
+	// Events to emit (already deduplicated against Memory).
+	Events []Event
+	// Evictions are pods to evict (reclaim).
+	Evictions []*v1.Pod
+	// Pending is the number of gangs with waiting pods at the end of the cycle.
+	Pending int
+	// Queues is the cycle's queue tree (for metrics).
+	Queues *quota.Tree
+	// WallClockAborts counts searches the solver's wall-clock guard ended.
+	WallClockAborts int
+	// SolveSeconds are the durations of the cycle's gang searches (measured for metrics
+	// only; no decision depends on them).
+	SolveSeconds []float64
+	// Outcomes are every gang's reason and message this cycle (for logs and tests).
+	Outcomes map[string]Outcome
+}
+
+// Outcome is why a gang is where it is this cycle.
+type Outcome struct {
+	Reason, Message string
+}
+
+// Placement is an admitted gang.
+type Placement struct {
+	Key      string
+	PodGroup *v1alpha1.PodGroup
+	Upstream *schedulingv1beta1.PodGroup
+	Result   *solver.Result
+	// Usage charged to the queue.
+	Usage quota.Usage
+	// AlreadyBound pods of the gang before this placement, and its MinMember: a commit whose
+	// binding fails part-way must not leave fewer than MinMember bound.
+	AlreadyBound, MinMember int
+}
+
+// PodGroupStatus is the status a PodGroup should have.
+type PodGroupStatus struct {
+	PodGroup *v1alpha1.PodGroup // the object as it is now
+	Status   v1alpha1.PodGroupStatus
+}
+
+// UpstreamStatus is the condition list a scheduling.k8s.io PodGroup should have.
+type UpstreamStatus struct {
+	PodGroup   *schedulingv1beta1.PodGroup
+	Conditions []metav1.Condition
+}
+
+// QueueStatus is the status a Queue should have.
+type QueueStatus struct {
+	Queue  *v1alpha1.Queue
+	Status v1alpha1.QueueStatus
+}
+
+// PodCondition is a PodScheduled=False condition for a waiting pod.
+type PodCondition struct {
+	Pod     *v1.Pod
+	Message string
+}
+
+// Event is an Event to record.
+type Event struct {
+	Object                runtime.Object
+	Type, Reason, Message string
+}
+
+// gangState is one gang during a cycle.
+type gangState struct {
+	*Gang
+	// pending and bound start as the Gang's and change as the cycle places pods (the input
+	// is not modified).
+	pending, bound  []*v1.Pod
+	pg              *v1alpha1.PodGroup
+	reason, message string
+	queueOK         bool
+	gang            *solver.Gang
+	estimate        quota.Usage
+	placed          int // pods placed this cycle
+	formationDue    bool
+}
+
+// Decide runs one cycle of the policy. mem is updated.
+func Decide(ctx context.Context, cfg Config, in Input, mem *Memory) *Decisions {
+	cfg = cfg.withDefaults()
+	logger := klog.FromContext(ctx)
+	d := &Decisions{Outcomes: map[string]Outcome{}}
+	snap := in.Snapshot
+
+	gangs := make([]*gangState, 0, len(in.Gangs))
+	live := map[string]bool{}
+	for _, g := range in.Gangs {
+		gs := &gangState{Gang: g, pg: g.spec(), pending: g.Pending, bound: g.Bound}
+		gangs = append(gangs, gs)
+		live[g.Key] = true
+		if g.Desired != nil && (g.PodGroup == nil || g.PodGroup.Spec.MinMember != g.Desired.Spec.MinMember || g.PodGroup.Spec.Queue != g.Desired.Spec.Queue) {
+			d.PodGroups = append(d.PodGroups, g.Desired)
+		}
+	}
+	sort.Slice(gangs, func(i, j int) bool { return gangs[i].Key < gangs[j].Key })
+	for key := range mem.failures {
+		if !live[key] {
+			delete(mem.failures, key)
+		}
+	}
+	for key := range mem.warned {
+		if !live[key] {
+			delete(mem.warned, key)
+		}
+	}
+
+	// Queues: charge what bound and terminating pods hold.
+	tree := quota.Build(in.Queues)
+	d.Queues = tree
+	counted := map[types.UID]bool{}
+	for _, g := range gangs {
+		if g.pg == nil || g.pg.Spec.Queue == "" {
+			continue
+		}
+		for _, p := range g.bound {
+			tree.Charge(g.pg.Spec.Queue, podUsage(snap, p, counted))
+		}
+		for _, p := range g.Terminating {
+			tree.Charge(g.pg.Spec.Queue, podUsage(snap, p, counted))
+		}
+	}
+
+	// Gangs ready to be placed, per queue.
+	byQueue := map[string][]*gangState{}
+	var starving *gangState
+	var starvingSince time.Time
+	for _, g := range gangs {
+		if len(g.pending) == 0 {
+			continue
+		}
+		d.Pending++
+		if g.PodGroup == nil {
+			// Placed only once its PodGroup exists (the caller creates it), so that Events
+			// and status have an object to go to.
+			if g.Desired == nil {
+				g.reason, g.message = reasonPodGroupNotFound, fmt.Sprintf("PodGroup %s named by %s does not exist", g.Key, v1alpha1.PodGroupAnnotation)
+				warn(d, mem, g.Key, g.pending[0], reasonPodGroupNotFound, g.message)
+			}
+			continue
+		}
+		if !readyToPlace(cfg, in, snap, tree, g) {
+			continue
+		}
+		tree.Demand(g.pg.Spec.Queue, g.estimate)
+		fl := mem.failures[g.Key]
+		if fl != nil && fl.reason == v1alpha1.ReasonUnschedulable && starvingGang(ctx, cfg, in, g, fl) &&
+			tree.RankOf(g.pg.Spec.Queue, g.estimate).Borrowing && (starving == nil || fl.since.Before(starvingSince)) {
+			starving, starvingSince = g, fl.since
+		}
+		// A gang that did not fit is retried after its backoff, or at once when capacity may
+		// have come back; one whose commit failed only after its backoff.
+		if fl != nil && (fl.capacity == in.CapacityGen || fl.reason == v1alpha1.ReasonCommitFailed) && in.Now.Sub(fl.at) < fl.backoff {
+			g.reason, g.message = fl.reason, fl.message
+			continue
+		}
+		byQueue[g.pg.Spec.Queue] = append(byQueue[g.pg.Spec.Queue], g)
+	}
+	for _, list := range byQueue {
+		sort.SliceStable(list, func(i, j int) bool {
+			a, b := list[i].pg, list[j].pg
+			if a.Spec.Priority != b.Spec.Priority {
+				return a.Spec.Priority > b.Spec.Priority
+			}
+			if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
+				return a.CreationTimestamp.Before(&b.CreationTimestamp)
+			}
+			return list[i].Key < list[j].Key
+		})
+	}
+
+	// Place: always the queue whose next gang ranks best (under quota first, then borrowers
+	// by over-quota usage per weight). A gang that does not fit does not block the gangs
+	// behind it.
+	var reclaimFor *gangState
+	failedShapes := map[string]string{} // gang signature → why it did not fit
+	var reserved []*Placement           // volume reservations to release at the end
+	for len(byQueue) > 0 {
+		if ctx.Err() != nil {
+			break
+		}
+		var bestQ string
+		var bestRank quota.Rank
+		for q, list := range byQueue {
+			r := tree.RankOf(q, list[0].estimate)
+			if bestQ == "" || r.Less(bestRank) || (!bestRank.Less(r) && q < bestQ) {
+				bestQ, bestRank = q, r
+			}
+		}
+		g := byQueue[bestQ][0]
+		if byQueue[bestQ] = byQueue[bestQ][1:]; len(byQueue[bestQ]) == 0 {
+			delete(byQueue, bestQ)
+		}
+		if starving != nil && g != starving && bestRank.Borrowing {
+			g.reason, g.message = v1alpha1.ReasonUnschedulable, fmt.Sprintf("waits behind gang %s, which has not fit for longer than the starvation timeout (%s) and goes first among gangs beyond their quota",
+				starving.Key, cfg.StarvationTimeout)
+			continue
+		}
+		sig := cfg.Solver.Signature(snap, g.gang)
+		if msg, failed := failedShapes[sig]; failed && sig != "" {
+			// An identical gang did not fit earlier in this cycle; capacity only shrank since.
+			fail(cfg, d, mem, in, g, v1alpha1.ReasonUnschedulable, msg)
+			continue
+		}
+		if p := place(ctx, cfg, in, d, mem, tree, g); p != nil {
+			d.Placements = append(d.Placements, p)
+			reserved = append(reserved, p)
+			d.Pending--
+			if len(g.pending) > 0 {
+				d.Pending++ // an elastic gang with pods left waiting
+			}
+		} else if g.reason == v1alpha1.ReasonUnschedulable {
+			// Gangs of the same shape get the same message, so that a gang's message does not
+			// depend on whether it or another was searched this cycle.
+			failedShapes[sig] = g.message
+			if reclaimFor == nil && !bestRank.Borrowing && !neverPreempts(g) {
+				reclaimFor = g
+			}
+		}
+	}
+	if reclaimFor != nil {
+		reclaim(ctx, cfg, in, d, mem, gangs, tree, reclaimFor)
+	}
+	// Volume reservations made so that later gangs of this cycle do not pick the same
+	// PersistentVolumes are released: Decide leaves the volume binder as it found it. The
+	// caller reserves them again when it acts on the placements.
+	for _, p := range reserved {
+		for _, pl := range p.Result.Placements {
+			pl.Volumes.Unreserve(ctx)
+		}
+	}
+
+	for _, g := range gangs {
+		d.Outcomes[g.Key] = Outcome{Reason: g.reason, Message: g.message}
+		desiredStatus(in, d, mem, g)
+	}
+	queueStatuses(d, tree, metav1.NewTime(in.Now))
+	logger.V(3).Info("Decided", "gangs", len(gangs), "placed", len(d.Placements), "pending", d.Pending)
+	return d
+}
+
+// reasonPodGroupNotFound: a pod names a PodGroup (annotation) that does not exist.
+const reasonPodGroupNotFound = "PodGroupNotFound"
+
+// neverPreempts: an upstream PodGroup with preemptionPolicy Never does not evict others.
+func neverPreempts(g *gangState) bool {
+	return g.Upstream != nil && g.Upstream.Spec.PreemptionPolicy != nil && *g.Upstream.Spec.PreemptionPolicy == schedulingv1beta1.PreemptNever
+}
+
+// warn emits a warning Event for a gang when its message changed since the last one.
+func warn(d *Decisions, mem *Memory, key string, obj runtime.Object, reason, msg string) {
+	if mem.warned[key] == reason+": "+msg {
+		return
+	}
+	mem.warned[key] = reason + ": " + msg
+	d.Events = append(d.Events, Event{Object: obj, Type: v1.EventTypeWarning, Reason: reason, Message: msg})
+}
+
+// place solves one gang and checks its exact usage against the queue limits. It returns the
+// placement when the gang is admitted (then its usage is charged and its pods assumed in the
+// snapshot), else nil with the gang's reason set.
+func place(ctx context.Context, cfg Config, in Input, d *Decisions, mem *Memory, tree *quota.Tree, g *gangState) *Placement {
+	logger := klog.FromContext(ctx)
+	snap := in.Snapshot
+	start := time.Now()
+	res, err := cfg.Solver.Solve(ctx, snap, g.gang)
+	d.SolveSeconds = append(d.SolveSeconds, time.Since(start).Seconds())
+	placed := g.pending
+	if solver.IsUnschedulable(err) && ctx.Err() == nil {
+		// Elastic gang: more pods than minMember. When not all fit, place just enough to
+		// reach minMember (at least one), the rest later, as capacity allows.
+		if need := max(1, int(g.pg.Spec.MinMember)-len(g.bound)); need < len(g.pending) {
+			sub := *g.gang
+			sub.Pods = append([]solver.Pod(nil), g.gang.Pods...)
+			sort.Slice(sub.Pods, func(i, j int) bool { return sub.Pods[i].Pod.Name < sub.Pods[j].Pod.Name })
+			sub.Pods = sub.Pods[:need]
+			if r, subErr := cfg.Solver.Solve(ctx, snap, &sub); subErr == nil {
+				res, err = r, nil
+				placed = nil
+				for _, p := range sub.Pods {
+					placed = append(placed, p.Pod)
+				}
+			}
+		}
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		var u *solver.Unschedulable
+		msg := err.Error()
+		if !errors.As(err, &u) {
+			msg = "invalid input: " + msg
+		} else if u.WallClock {
+			d.WallClockAborts++
+		}
+		fail(cfg, d, mem, in, g, v1alpha1.ReasonUnschedulable, msg)
+		return nil
+	}
+	usage := quota.Usage{v1alpha1.ResourceGPU: res.GPUUnits}
+	for _, p := range placed {
+		req := snapshot.PodRequests(p)
+		usage[v1alpha1.ResourceCPU] += req.Cpu().AsApproximateFloat64()
+		usage[v1alpha1.ResourceMemory] += req.Memory().AsApproximateFloat64()
+	}
+	if ok, why := tree.Admit(g.pg.Spec.Queue, usage); !ok {
+		fail(cfg, d, mem, in, g, v1alpha1.ReasonQuotaExceeded, why)
+		return nil
+	}
+	// Admitted: take the capacity in this cycle's snapshot and queue tree.
+	tree.Charge(g.pg.Spec.Queue, usage)
+	for _, p := range res.Placements {
+		var allocs []*resourceapi.AllocationResult
+		for _, ca := range p.Allocate {
+			allocs = append(allocs, ca.Allocation)
+		}
+		if p.Extended != nil {
+			allocs = append(allocs, p.Extended.Allocation)
+		}
+		snap.Assume(p.Node, p.Pod, allocs)
+		if err := p.Volumes.Reserve(ctx); err != nil {
+			logger.V(2).Info("Volume reservation for the rest of the cycle failed", "pod", klog.KObj(p.Pod), "err", err)
+		}
+	}
+	if fl := mem.failures[g.Key]; fl == nil || fl.reason != v1alpha1.ReasonCommitFailed {
+		// Placed: the gang's failure history ends (a failed commit's stays, for its backoff,
+		// until a commit succeeds).
+		delete(mem.failures, g.Key)
+	}
+	delete(mem.warned, g.Key)
+	isPlaced := map[types.UID]bool{}
+	for _, p := range placed {
+		isPlaced[p.UID] = true
+	}
+	var rest []*v1.Pod
+	for _, p := range g.pending {
+		if !isPlaced[p.UID] {
+			rest = append(rest, p)
+		}
+	}
+	already := len(g.bound)
+	g.bound = append(append([]*v1.Pod(nil), g.bound...), placed...)
+	g.pending = rest
+	g.placed = len(placed)
+	g.reason, g.message = v1alpha1.ReasonScheduled, fmt.Sprintf("%d pods placed on %d nodes", len(res.Placements), countNodes(res))
+	logger.V(2).Info("Gang admitted", "podGroup", g.Key, "pods", len(res.Placements), "gpuUnits", res.GPUUnits, "queue", g.pg.Spec.Queue, "domain", res.Domain, "tries", res.Tries, "steps", res.Steps)
+	return &Placement{Key: g.Key, PodGroup: g.PodGroup, Upstream: g.Upstream, Result: res, Usage: usage, AlreadyBound: already, MinMember: int(g.pg.Spec.MinMember)}
+}
+
+// fail records that a gang did not fit: backoff, the reason, and a warning Event when the
+// message is new.
+func fail(cfg Config, d *Decisions, mem *Memory, in Input, g *gangState, reason, msg string) {
+	fl := mem.failures[g.Key]
+	backoff := cfg.MinBackoff
+	if fl != nil {
+		backoff = min(cfg.MaxBackoff, fl.backoff*2)
+	}
+	warn(d, mem, g.Key, g.PodGroup, reason, msg)
+	nf := &failure{reason: reason, message: msg, at: in.Now, backoff: backoff, capacity: in.CapacityGen, since: in.Now}
+	if fl != nil {
+		nf.since, nf.fitsEmpty = fl.since, fl.fitsEmpty
+	}
+	mem.failures[g.Key] = nf
+	g.reason, g.message = reason, msg
+}
+
+// starvingGang reports whether a gang has not fit for longer than the starvation timeout and
+// would fit the cluster if it were empty (a gang that can never fit must not hold others
+// back).
+func starvingGang(ctx context.Context, cfg Config, in Input, g *gangState, fl *failure) bool {
+	if cfg.StarvationTimeout < 0 || in.Now.Sub(fl.since) < cfg.StarvationTimeout {
+		return false
+	}
+	if fl.fitsEmpty != nil {
+		return *fl.fitsEmpty
+	}
+	empty := snapshot.New(snapshot.Input{Nodes: in.Raw.Nodes, Slices: in.Raw.Slices, Classes: in.Raw.Classes}, cfg.Snapshot)
+	_, err := cfg.Solver.Solve(ctx, empty, g.gang)
+	fits := err == nil
+	fl.fitsEmpty = &fits
+	return fits
+}
+
+func countNodes(res *solver.Result) int {
+	n := map[string]bool{}
+	for _, p := range res.Placements {
+		n[p.Node] = true
+	}
+	return len(n)
+}
+
+func truncate(s []string, n int) []string {
+	if len(s) <= n {
+		return s
+	}
+	return append(s[:n:n], fmt.Sprintf("and %d more", len(s)-n))
+}
