@@ -98,6 +98,12 @@ func (n *Node) StartPlugin(ctx context.Context, opts PluginOptions) (*Plugin, er
 		"--kubelet-plugin-dir=" + n.PluginDir(),
 		"--cdi-dir=" + n.CDIDir(),
 		"--mps-dir=" + n.MPSDir(),
+		// The MPS control daemons run as children of tessera-node here, not in pods of
+		// their own (the default, which a DaemonSet needs to survive upgrades): a daemon
+		// pod needs an image with tessera-node, which the real node's image builder does
+		// not make. The daemon's protocol (start, limits, get_server_list, quit) is the
+		// same in both modes; what differs is only who starts the process.
+		"--mps-daemon=process",
 		"--http-address=" + p.http,
 		"--v=4",
 	}
@@ -246,21 +252,40 @@ func (n *Node) ToolCalls() []string {
 
 // The node has no NVIDIA driver, so tessera-node runs with stand-ins of
 // nvidia-smi and nvidia-cuda-mps-control first on its PATH. The MPS control
-// daemon's stand-in keeps the state the plugin can observe — the control pipe
-// exists while the daemon runs — and fails as the tool does when there is no
-// daemon to talk to.
+// daemon's stand-in keeps the state the plugin can observe in the pipe
+// directory — the control pipe exists while the daemon runs; the default
+// active thread percentage and each device's pinned memory limit are files
+// beside it — answers the control commands one per stdin line as the tool
+// does (get_* print the value, get_server_list prints no server: no CUDA
+// client runs here), and fails as the tool does when there is no daemon to
+// talk to or a command is unknown. The full model of the tool (servers per
+// UID, clients, static SM partitions) is draplugin's fakebin, which the
+// draplugin tests use; the real node's tests are about the kubelet,
+// containerd and the CDI edits, for which this much of MPS is enough.
 const fakeMPSControl = `#!/bin/sh
 stdin=""
 if [ "$1" != "-d" ]; then stdin=$(cat); fi
-printf '%s\n' "nvidia-cuda-mps-control $* | visible=$CUDA_VISIBLE_DEVICES pipe=$CUDA_MPS_PIPE_DIRECTORY | stdin=$stdin" >> "$FAKE_TOOLS_LOG"
-pipe="$CUDA_MPS_PIPE_DIRECTORY/control"
+printf '%s\n' "nvidia-cuda-mps-control $* | visible=$CUDA_VISIBLE_DEVICES pipe=$CUDA_MPS_PIPE_DIRECTORY | stdin=$(printf '%s' "$stdin" | tr '\n' ';') | limits=mem:$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT,threads:$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" >> "$FAKE_TOOLS_LOG"
+dir="$CUDA_MPS_PIPE_DIRECTORY"
+pipe="$dir/control"
 if [ "$1" = "-d" ]; then
   if [ -p "$pipe" ]; then echo "An instance of this daemon is already running" >&2; exit 1; fi
-  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" && mkfifo "$pipe"
+  mkdir -p "$dir" && rm -f "$dir"/limit.* && mkfifo "$pipe"
   exit $?
 fi
 if [ ! -p "$pipe" ]; then echo "Cannot find MPS control daemon process" >&2; exit 1; fi
-if [ "$stdin" = "quit" ]; then rm -f "$pipe"; fi
+printf '%s\n' "$stdin" | while read -r cmd a1 a2; do
+  case "$cmd" in
+  "") ;;
+  get_server_list) ;;
+  get_default_active_thread_percentage) cat "$dir/limit.threads" 2>/dev/null || echo 100.0 ;;
+  set_default_active_thread_percentage) echo "$a1.0" > "$dir/limit.threads"; cat "$dir/limit.threads" ;;
+  get_default_device_pinned_mem_limit) cat "$dir/limit.mem.$a1" 2>/dev/null || echo 0 ;;
+  set_default_device_pinned_mem_limit) echo "$a2" > "$dir/limit.mem.$a1" ;;
+  quit) rm -f "$pipe" "$dir"/limit.* ;;
+  *) echo "Unrecognized command: $cmd" >&2; exit 1 ;;
+  esac
+done
 `
 
 const fakeSMI = `#!/bin/sh

@@ -110,11 +110,11 @@ func TestMIGDevice(t *testing.T) {
 	e.deleteAndCheckUnprepared(pod, claim, "mig")
 }
 
-// TestMPSShare: a pod with a share of a GPU gets that GPU's node, the driver, the MPS
-// client environment with the limits of what its claim consumed, and the
-// pipe directory of the GPU's MPS control daemon mounted at
-// /tmp/nvidia-mps, where it sees the daemon's control pipe; deleting the pod
-// stops the daemon (its last client).
+// TestMPSShare: a pod with a share of a GPU gets that GPU's node, the driver, an MPS
+// client environment that only points at the daemon (the limits of what its claim
+// consumed are the daemon's, where the tenant cannot lift them), and the pipe
+// directory of its claim's own MPS control daemon mounted at /tmp/nvidia-mps, where it
+// sees the daemon's control pipe; deleting the pod stops the daemon.
 func TestMPSShare(t *testing.T) {
 	e := newEnv(t)
 	claim := e.claim("share", request{class: contract.ClassShared, selector: attr(contract.AttrIndex) + " == 2", memory: "10Gi", compute: "25"})
@@ -126,13 +126,11 @@ func TestMPSShare(t *testing.T) {
 	e.checkDriver(pod, r)
 	wantEnv := e.commonEnv()
 	wantEnv["CUDA_MPS_PIPE_DIRECTORY"] = "/tmp/nvidia-mps"
-	wantEnv["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = "25"
-	wantEnv["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = "0=10240M"
 	if d := diffMaps(r.nvidiaEnv(), wantEnv); d != "" {
 		t.Errorf("MPS environment in the container: %s", d)
 	}
 	uuid := *e.sliceDevice("gpu-2-shared").Attributes[contract.AttrUUID].StringValue
-	pipeDir := filepath.Join(e.node.MPSDir(), uuid, "pipe")
+	pipeDir := filepath.Join(e.node.MPSDir(), "claims", string(claim.UID), "pipe")
 	spec := e.containerSpec(pod)
 	var mounted bool
 	for _, m := range spec.Mounts {
@@ -155,6 +153,9 @@ func TestMPSShare(t *testing.T) {
 	calls := strings.Join(e.node.ToolCalls(), "\n")
 	if !strings.Contains(calls, "nvidia-cuda-mps-control -d | visible="+uuid) {
 		t.Errorf("no MPS control daemon was started for %s; tool calls:\n%s", uuid, calls)
+	}
+	if !strings.Contains(calls, "limits=mem:0=10240M,threads:25") {
+		t.Errorf("the MPS control daemon did not start with the claim's limits (10Gi, 25%%); tool calls:\n%s", calls)
 	}
 	e.deleteAndCheckUnprepared(pod, claim, "shared")
 	calls = strings.Join(e.node.ToolCalls(), "\n")
