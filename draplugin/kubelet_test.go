@@ -74,7 +74,9 @@ func TestKubeletPrepareUnprepare(t *testing.T) {
 	if len(wr.Devices) != 1 || wr.Devices[0].DeviceName != "gpu-3" || wr.Devices[0].PoolName != e.nodeName {
 		t.Fatalf("whole devices = %+v", wr.Devices)
 	}
-	wantIDs := []string{cdi.BaseID, "k8s.gpu.tessera.dev/claim=" + string(whole.UID) + "-gpu-3"}
+	// Its own ID first: the kubelet names the device by it in the pod's
+	// allocatedResourcesStatus.
+	wantIDs := []string{"k8s.gpu.tessera.dev/claim=" + string(whole.UID) + "-gpu-3", cdi.BaseID}
 	if !reflect.DeepEqual(wr.Devices[0].CdiDeviceIds, wantIDs) {
 		t.Errorf("CDI IDs = %v, want %v", wr.Devices[0].CdiDeviceIds, wantIDs)
 	}

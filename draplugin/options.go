@@ -171,6 +171,9 @@ func (o *Options) complete() error {
 	if o.MPSDir == "" {
 		o.MPSDir = DefaultMPSDir
 	}
+	if err := CheckSocketPaths(o.RegistrarDir, o.PluginDir, o.RollingUpdateUID); err != nil {
+		return fmt.Errorf("draplugin options: %w", err)
+	}
 	if o.Executor == nil {
 		o.Executor = executor.OS{}
 	}
@@ -202,6 +205,34 @@ func (o *Options) complete() error {
 		o.BootID = id
 	}
 	return nil
+}
+
+// MaxSocketPath is the longest unix socket path Linux can bind: sun_path
+// holds 108 bytes, the terminating NUL included.
+const MaxSocketPath = 107
+
+// CheckSocketPaths fails, naming the path and the limit, when a socket the
+// kubelet plugin helper would create under registrarDir or pluginDir (with
+// rollingUpdateUID, as kubeletplugin names them) is too long to bind; the
+// kernel would refuse it with a bare EINVAL once the node is half started.
+func CheckSocketPaths(registrarDir, pluginDir string, rollingUpdateUID types.UID) error {
+	registration, dra := DriverName+"-reg.sock", "dra.sock"
+	if rollingUpdateUID != "" {
+		// The helper shortens the registration socket's name to fit where it
+		// can; the DRA socket always carries the whole UID.
+		registration = kubeletplugin.RollingUpdateRegistrarSocketFile(registrarDir, DriverName, rollingUpdateUID)
+		dra = "dra-" + string(rollingUpdateUID) + ".sock"
+	}
+	var errs []error
+	for _, s := range []struct{ path, flag string }{
+		{filepath.Join(registrarDir, registration), "--kubelet-registry-dir"},
+		{filepath.Join(pluginDir, dra), "--kubelet-plugin-dir"},
+	} {
+		if len(s.path) > MaxSocketPath {
+			errs = append(errs, fmt.Errorf("socket path %s is %d bytes, longer than the %d a unix socket path may have (sun_path holds 108 with the terminating NUL): choose a shorter %s", s.path, len(s.path), MaxSocketPath, s.flag))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func (o *Options) checkpointPath() string { return filepath.Join(o.PluginDir, "checkpoint.json") }

@@ -568,10 +568,12 @@ func (p *Plugin) apply(ctx context.Context, rec *checkpoint.Claim, report *claim
 	final := *rec
 	final.State = checkpoint.PrepareCompleted
 	for i := range rec.Devices {
-		// Every device gets the driver's common edits (spec-level edits of
-		// the base spec, applied once however many devices carry the ID)
-		// and its own.
-		rec.Devices[i].CDIDeviceIDs = []string{p.baseID, cdi.DeviceID(rec.UID, cdiDevices[i].Name)}
+		// Every device gets its own edits and the driver's common edits
+		// (spec-level edits of the base spec, applied once however many
+		// devices carry the ID). Its own ID comes first: the kubelet names a
+		// device by its first CDI ID in allocatedResourcesStatus, where the
+		// common ID would name every device alike.
+		rec.Devices[i].CDIDeviceIDs = []string{cdi.DeviceID(rec.UID, cdiDevices[i].Name), p.baseID}
 	}
 	final.Devices = rec.Devices
 	raw, err := json.Marshal(final)

@@ -28,8 +28,8 @@ import (
 	"github.com/tessera-gpu/tessera/nodeagent/partition"
 	"github.com/tessera-gpu/tessera/sandbox/cluster"
 	"github.com/tessera-gpu/tessera/sandbox/k8sbin"
-	"github.com/tessera-gpu/tessera/test/operators"
-	"github.com/tessera-gpu/tessera/test/realnode"
+	"github.com/tessera-gpu/tessera/sandbox/operators"
+	"github.com/tessera-gpu/tessera/sandbox/realnode"
 )
 
 // Options configure a sandbox.
@@ -55,9 +55,9 @@ type Options struct {
 	// Speed divides the scenario's simulated run times (default 1).
 	Speed float64
 	// Operators are the workload operators to run against the sandbox's API
-	// server (package test/operators names them; default none).
+	// server (package sandbox/operators names them; default none).
 	Operators []string
-	// RealNode adds one real node (test/realnode: kubelet, containerd, real
+	// RealNode adds one real node (sandbox/realnode: kubelet, containerd, real
 	// containers) beside the simulated ones where the machine allows it.
 	RealNode bool
 	// WebAddress is where the web view and /metrics are served (default
@@ -241,7 +241,7 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 	}
 	if opts.RealNode {
 		s.realNode, err = realnode.StartForSandbox(ctx, realnode.SandboxOptions{NodeName: "real-node-0", Kubeconfig: s.kubeconfig,
-			Machine: "dgx" + strings.ToLower(opts.GPU), Config: s.partitionConfig(), Labels: map[string]string{partitionLabel: "mixed"}, Log: s.say})
+			Machine: "dgx" + strings.ToLower(opts.GPU), Config: s.partitionConfig(), Labels: map[string]string{partitionLabel: "mixed"}, Log: s.say, Out: s.out})
 		if errors.Is(err, realnode.ErrUnavailable) {
 			s.say("--real-node: %v; running the simulated nodes only", err)
 		} else if err != nil {
@@ -260,6 +260,7 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 		s.operators, err = operators.Start(ctx, opts.Operators, operators.Options{
 			Config: s.config, Kubeconfig: s.kubeconfig, Dir: filepath.Join(opts.StateDir, "operators"),
 			Log: func(format string, args ...any) { s.say("  "+format, args...) },
+			Out: s.out,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("start operators: %w", err)

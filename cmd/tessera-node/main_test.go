@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -355,5 +356,44 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestSocketPathTooLongExits: with --pod-uid, the DRA socket
+// (<plugin dir>/dra-<pod UID>.sock) of a plugin directory deep enough is
+// longer than a unix socket path may be (108 bytes); tessera-node stops at
+// start naming the path and the limit instead of running without a
+// socket for the kubelet (a bug the real-node harness found: it neither
+// served nor exited).
+func TestSocketPathTooLongExits(t *testing.T) {
+	cp := framework.Shared(t)
+	client := cp.Client(t)
+	node, err := client.CoreV1().Nodes().Create(context.Background(), &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: framework.UniqueName("bin-node")}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.CoreV1().Nodes().Delete(context.Background(), node.Name, metav1.DeleteOptions{}) })
+	dirs, err := os.MkdirTemp("", "tn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dirs) })
+	const uid = "0e100000-0000-0000-0000-000000000002"
+	pluginDir := filepath.Join(dirs, "kubelet", "plugins", strings.Repeat("p", 40), "gpu.tessera.dev")
+	socket := filepath.Join(pluginDir, "dra-"+uid+".sock")
+	if len(socket) <= 108 {
+		t.Fatalf("test setup: %s is only %d bytes", socket, len(socket))
+	}
+	r := runBinary(t, "--node-name="+node.Name, "--backend=mock:dgxh100?gpus=1", "--kubeconfig="+cp.KubeconfigPath, "--http-address=",
+		"--pod-uid="+uid, "--kubelet-registry-dir="+filepath.Join(dirs, "reg"), "--kubelet-plugin-dir="+pluginDir,
+		"--cdi-dir="+filepath.Join(dirs, "cdi"), "--mps-dir="+filepath.Join(dirs, "mps"), "-v=0")
+	expectCleanFailure(t, r, "socket path "+socket+" is "+strconv.Itoa(len(socket))+" bytes", "108", "--kubelet-plugin-dir")
+	// It stopped before publishing anything.
+	slices, err := client.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{FieldSelector: "spec.nodeName=" + node.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(slices.Items) != 0 {
+		t.Errorf("%d ResourceSlices published by an instance that cannot serve the kubelet", len(slices.Items))
 	}
 }

@@ -223,6 +223,11 @@ func (o *options) validate() (*partition.Config, error) {
 	if !slices.Contains(draplugin.OrphanMIGPolicies, draplugin.OrphanMIGPolicy(o.orphanMIG)) {
 		return nil, fmt.Errorf("--orphan-mig must be one of %v, got %q", draplugin.OrphanMIGPolicies, o.orphanMIG)
 	}
+	// Before anything is started: the kernel refuses a socket path that is
+	// too long with a bare EINVAL, after the node has been published.
+	if err := draplugin.CheckSocketPaths(o.registrarDir, o.pluginDir, types.UID(o.podUID)); err != nil {
+		return nil, err
+	}
 	for flag, v := range map[string]string{"--driver-root": o.driverRoot, "--container-driver-root": o.containerDriverRoot, "--nvidia-cdi-hook-path": o.cdiHookPath} {
 		if v != "" && !filepath.IsAbs(v) {
 			return nil, fmt.Errorf("%s must be an absolute path, got %q", flag, v)

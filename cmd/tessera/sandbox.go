@@ -16,7 +16,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/sandbox"
 	"github.com/tessera-gpu/tessera/sandbox/k8sbin"
-	"github.com/tessera-gpu/tessera/test/operators"
+	"github.com/tessera-gpu/tessera/sandbox/operators"
 )
 
 func newSandboxCommand() *cobra.Command {
@@ -41,8 +41,11 @@ scenario and stops at its end (unless --keep).
 The Kubernetes binaries (and kubectl) are built once from the Go module proxy
 into ~/.cache/tessera (this needs the Go toolchain; a few minutes, one line
 per binary with its build time) and reused afterwards. --operators starts real
-workload operators (built by hack/build-operators.sh) against the sandbox's
-API server; --real-node adds one real kubelet and containerd node.`,
+workload operators against the sandbox's API server, built the same way at
+their pinned versions; --real-node adds one real node — the kubelet,
+containerd and NVIDIA's nvidia-cdi-hook, built the same way, and tessera-node
+from beside this program or, for an installed tessera, from the module proxy
+at its version (root, runc, the CNI plugins, busybox-static and gcc needed).`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
 			if opts.Operators, err = operators.Parse(ops); err != nil {
@@ -74,7 +77,7 @@ API server; --real-node adds one real kubelet and containerd node.`,
 	up.Flags().BoolVar(&opts.Keep, "keep", false, "stay up after the scenario ends")
 	up.Flags().Float64Var(&opts.Speed, "speed", 1, "divide the scenario's simulated run times by this factor")
 	up.Flags().StringVar(&ops, "operators", "", "workload operators to run, comma-separated: "+strings.Join(operators.Known(), ",")+" (trainer starts jobset too; default none)")
-	up.Flags().BoolVar(&opts.RealNode, "real-node", false, "add one real node (kubelet, containerd, real containers on mock GPUs; needs root, runc and `make node-bin`) beside the simulated ones")
+	up.Flags().BoolVar(&opts.RealNode, "real-node", false, "add one real node (kubelet, containerd, real containers on mock GPUs; needs root, runc, the CNI plugins and busybox-static) beside the simulated ones")
 	up.Flags().StringVar(&opts.WebAddress, "web", "127.0.0.1:0", "address of the web view (as tessera top --web) and of /metrics; port 0 picks a free one")
 
 	down := &cobra.Command{

@@ -144,6 +144,9 @@ func New(opts Options) (*Agent, error) {
 		cfg = &partition.Config{}
 	}
 	RegisterMetrics()
+	// The error counter exists at 0 from the start: an alert on increase() (the chart's
+	// PrometheusRule) cannot see the first error of a series that appears with it.
+	publishErrors.WithLabelValues(opts.NodeName)
 	locks := opts.GPULocks
 	if locks == nil {
 		locks = gpulock.New()

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -30,10 +31,19 @@ type Spec struct {
 	// LibraryPath optionally overrides libnvidia-ml.so.1 for the real backend
 	// ("nvml:/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1").
 	LibraryPath string
+	// DriverRoot (mock option root=DIR) is where the mock machine lays out
+	// its driver installation (Mock.WriteDriverRoot; it stays when the
+	// machine shuts down). Empty: a temporary directory of its own.
+	DriverRoot string
+	// Control (mock option control=SOCKET, tests only) is a unix socket on
+	// which the mock machine takes faults from outside the process: XID and
+	// ECC events, a GPU lost and back (ServeControl).
+	Control string
 }
 
 // ParseSpec parses "nvml", "nvml:<library path>", "mock:<machine>" or
-// "mock:<machine>?gpus=N".
+// "mock:<machine>?gpus=N&root=DIR&control=SOCKET" (options in any order,
+// each optional; paths absolute).
 func ParseSpec(spec string) (Spec, error) {
 	switch {
 	case spec == Real:
@@ -59,8 +69,18 @@ func ParseSpec(spec string) (Spec, error) {
 					return Spec{}, fmt.Errorf("backend %q: gpus must be a number from 1 to 64, got %q", spec, v[len(v)-1])
 				}
 				s.GPUs = n
+			case "root", "control":
+				p := v[len(v)-1]
+				if !filepath.IsAbs(p) {
+					return Spec{}, fmt.Errorf("backend %q: %s must be an absolute path, got %q", spec, key, p)
+				}
+				if key == "root" {
+					s.DriverRoot = p
+				} else {
+					s.Control = p
+				}
 			default:
-				return Spec{}, fmt.Errorf("backend %q: unknown option %q (known: gpus)", spec, key)
+				return Spec{}, fmt.Errorf("backend %q: unknown option %q (known: gpus, root, control)", spec, key)
 			}
 		}
 		return s, nil
@@ -81,7 +101,21 @@ func Open(spec string) (nvml.Interface, error) {
 		return nil, err
 	}
 	if s.Mock != "" {
-		return NewMock(s.Mock, s.GPUs)
+		m, err := NewMock(s.Mock, s.GPUs)
+		if err != nil {
+			return nil, err
+		}
+		if s.DriverRoot != "" {
+			if err := m.WriteDriverRoot(s.DriverRoot); err != nil {
+				return nil, fmt.Errorf("backend %q: %w", spec, err)
+			}
+		}
+		if s.Control != "" {
+			if err := m.ServeControl(s.Control); err != nil {
+				return nil, fmt.Errorf("backend %q: %w", spec, err)
+			}
+		}
+		return m, nil
 	}
 	var opts []nvml.LibraryOption
 	if s.LibraryPath != "" {

@@ -16,6 +16,7 @@ func TestParseSpec(t *testing.T) {
 		"nvml:/opt/lib/libnvml.so": {LibraryPath: "/opt/lib/libnvml.so"},
 		"mock:dgxa100":             {Mock: "dgxa100", GPUs: 8},
 		"mock:dgxb200?gpus=3":      {Mock: "dgxb200", GPUs: 3},
+		"mock:dgxh100?gpus=2&root=/tmp/r&control=/tmp/c.sock": {Mock: "dgxh100", GPUs: 2, DriverRoot: "/tmp/r", Control: "/tmp/c.sock"},
 	} {
 		got, err := nvmlbackend.ParseSpec(spec)
 		if err != nil || got != want {
@@ -23,13 +24,15 @@ func TestParseSpec(t *testing.T) {
 		}
 	}
 	for spec, want := range map[string]string{
-		"":                     "want",
-		"cuda":                 "want",
-		"mock:dgx1":            `unknown mock machine "dgx1"`,
-		"mock:dgxh100?gpus=0":  "gpus must be a number from 1 to 64",
-		"mock:dgxh100?gpus=x":  "gpus must be a number",
-		"mock:dgxh100?mig=1":   `unknown option "mig"`,
-		"mock:dgxh100?gpus=%%": "bad options",
+		"":                            "want",
+		"cuda":                        "want",
+		"mock:dgx1":                   `unknown mock machine "dgx1"`,
+		"mock:dgxh100?gpus=0":         "gpus must be a number from 1 to 64",
+		"mock:dgxh100?gpus=x":         "gpus must be a number",
+		"mock:dgxh100?mig=1":          `unknown option "mig"`,
+		"mock:dgxh100?gpus=%%":        "bad options",
+		"mock:dgxh100?root=r":         "root must be an absolute path",
+		"mock:dgxh100?control=c.sock": "control must be an absolute path",
 	} {
 		if _, err := nvmlbackend.ParseSpec(spec); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("ParseSpec(%q): %v, want an error containing %q", spec, err, want)

@@ -297,44 +297,63 @@ func mknod(path string, major, minor uint32) error {
 }
 
 // sharedObject returns a minimal ELF64 shared object whose dynamic section
-// carries DT_SONAME, which is all that tools reading a library's SONAME
-// (debug/elf DynString, as nvcdi's symlink hooks do) look at.
+// carries DT_SONAME, laid out as a linker lays out a library: a PT_LOAD
+// segment mapping the file at address 0 and a PT_DYNAMIC segment, with
+// DT_STRTAB as an address. Tools that read a library's SONAME find it there:
+// debug/elf's DynString (nvcdi's symlink hooks) through the section
+// headers, and ldconfig (nvidia-cdi-hook's update-ldcache, which runs the
+// host's ldconfig in the container) through the program headers — without
+// them ldconfig skips the file and the ldcache never lists the driver.
 func sharedObject(soname string) []byte {
 	const (
 		ehdrSize = 64
+		phdrSize = 56
 		shdrSize = 64
 		dynSize  = 16
 	)
 	dynstr := append([]byte{0}, append([]byte(soname), 0)...)
-	// DT_SONAME (14) → offset 1 in .dynstr, DT_STRTAB (5), DT_NULL.
+	offDynstr := uint64(ehdrSize + 2*phdrSize)
+	offDyn := (offDynstr + uint64(len(dynstr)) + 7) &^ 7
+	// DT_SONAME (14) → offset 1 in .dynstr, DT_STRTAB (5) at its address
+	// (= its offset: the file is mapped at 0), DT_STRSZ (10), DT_NULL.
 	var dyn bytes.Buffer
-	for _, e := range [][2]uint64{{14, 1}, {5, 0}, {0, 0}} {
+	for _, e := range [][2]uint64{{14, 1}, {5, offDynstr}, {10, uint64(len(dynstr))}, {0, 0}} {
 		_ = binary.Write(&dyn, binary.LittleEndian, e)
 	}
 	shstr := []byte("\x00.dynstr\x00.dynamic\x00.shstrtab\x00")
-	offDynstr := uint64(ehdrSize)
-	offDyn := offDynstr + uint64(len(dynstr))
-	offDyn = (offDyn + 7) &^ 7
 	offShstr := offDyn + uint64(dyn.Len())
 	offShdr := (offShstr + uint64(len(shstr)) + 7) &^ 7
+	fileSize := offShdr + 4*shdrSize
 
 	var b bytes.Buffer
 	ident := [16]byte{0x7f, 'E', 'L', 'F', 2 /* 64-bit */, 1 /* LE */, 1 /* version */}
 	b.Write(ident[:])
 	le := func(v any) { _ = binary.Write(&b, binary.LittleEndian, v) }
-	le(uint16(3))  // ET_DYN
-	le(uint16(62)) // EM_X86_64
-	le(uint32(1))  // EV_CURRENT
-	le(uint64(0))  // entry
-	le(uint64(0))  // phoff
-	le(offShdr)    // shoff
-	le(uint32(0))  // flags
+	le(uint16(3))        // ET_DYN
+	le(uint16(62))       // EM_X86_64
+	le(uint32(1))        // EV_CURRENT
+	le(uint64(0))        // entry
+	le(uint64(ehdrSize)) // phoff
+	le(offShdr)          // shoff
+	le(uint32(0))        // flags
 	le(uint16(ehdrSize))
-	le(uint16(56)) // phentsize
-	le(uint16(0))  // phnum
+	le(uint16(phdrSize))
+	le(uint16(2)) // phnum
 	le(uint16(shdrSize))
 	le(uint16(4)) // shnum
 	le(uint16(3)) // shstrndx
+	segment := func(typ, flags uint32, off, size, align uint64) {
+		le(typ)
+		le(flags)
+		le(off)  // offset
+		le(off)  // vaddr
+		le(off)  // paddr
+		le(size) // filesz
+		le(size) // memsz
+		le(align)
+	}
+	segment(1 /* PT_LOAD */, 4 /* R */, 0, fileSize, 0x1000)
+	segment(2 /* PT_DYNAMIC */, 6 /* RW */, offDyn, uint64(dyn.Len()), 8)
 	pad := func(to uint64) {
 		for uint64(b.Len()) < to {
 			b.WriteByte(0)
@@ -351,7 +370,11 @@ func sharedObject(soname string) []byte {
 		le(name)
 		le(typ)
 		le(flags)
-		le(uint64(0)) // addr
+		if flags&2 != 0 { // ALLOC: mapped at its offset
+			le(off)
+		} else {
+			le(uint64(0))
+		}
 		le(off)
 		le(size)
 		le(link)

@@ -2,6 +2,7 @@ package nvmlbackend
 
 import (
 	"fmt"
+	"net"
 	"slices"
 	"sort"
 	"strings"
@@ -67,6 +68,7 @@ type Mock struct {
 	eventSets map[*eventSet]struct{}
 	faults    []*fault
 	root      *driverRoot
+	control   []net.Listener // ServeControl's sockets (tests only)
 }
 
 var _ nvml.Interface = (*Mock)(nil)
@@ -228,6 +230,9 @@ func (m *Mock) setInterfaceFuncs() {
 		if m.inits == 0 && m.root != nil {
 			m.root.remove()
 			m.root = nil
+		}
+		if m.inits == 0 {
+			m.closeControlLocked()
 		}
 		return nvml.SUCCESS
 	}

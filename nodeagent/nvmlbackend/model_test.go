@@ -306,6 +306,25 @@ func TestDriverRoot(t *testing.T) {
 	if target, _ := os.Readlink(filepath.Join(root, nvmlbackend.LibDir, "libcuda.so.1")); target != "libcuda.so."+ver {
 		t.Fatalf("libcuda.so.1 -> %q", target)
 	}
+	// ldconfig reads the SONAME as from a real library (through the program
+	// headers): it makes the SONAME link in a directory that has only the
+	// file, as nvidia-cdi-hook's update-ldcache has it do in a container.
+	if _, err := os.Stat("/sbin/ldconfig"); err == nil {
+		dir := t.TempDir()
+		data, err := os.ReadFile(filepath.Join(root, nvmlbackend.LibDir, "libnvidia-ml.so."+ver))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "libnvidia-ml.so."+ver), data, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := exec.Command("/sbin/ldconfig", "-n", dir).CombinedOutput(); err != nil {
+			t.Fatalf("ldconfig -n: %v: %s", err, out)
+		}
+		if target, err := os.Readlink(filepath.Join(dir, "libnvidia-ml.so.1")); err != nil || target != "libnvidia-ml.so."+ver {
+			t.Errorf("ldconfig made libnvidia-ml.so.1 -> %q (%v), want the library: it does not read the model's SONAME", target, err)
+		}
+	}
 	if st, err := os.Stat(filepath.Join(root, "usr/bin/nvidia-smi")); err != nil || st.Mode()&0o111 == 0 {
 		t.Fatalf("nvidia-smi: %v", err)
 	}

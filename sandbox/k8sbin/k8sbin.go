@@ -13,22 +13,19 @@
 package k8sbin
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	_ "embed" // the pinned module's files
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
-	"golang.org/x/term"
+	"github.com/tessera-gpu/tessera/sandbox/internal/binbuild"
 )
 
 //go:generate sh -c "cp ../../test/k8s/go.mod module/go.mod.txt && cp ../../test/k8s/go.sum module/go.sum.txt && cp ../../test/k8s/etcd/main.go module/etcd/main.go.txt"
@@ -99,10 +96,10 @@ func KubernetesVersion() string {
 	return "unknown"
 }
 
-// kubeLDFlags make the Kubernetes binaries report the pinned version instead
+// KubeLDFlags make the Kubernetes binaries (the kubelet too) report the pinned version instead
 // of v0.0.0-master. They are part of the stamp, in the very words of
 // hack/build-k8s.sh up to this package.
-func kubeLDFlags() string {
+func KubeLDFlags() string {
 	v := KubernetesVersion()
 	parts := strings.SplitN(strings.TrimPrefix(v, "v"), ".", 3)
 	major, minor := parts[0], ""
@@ -123,22 +120,13 @@ func Stamp(goVersion string) string {
 	h.Write(goMod)
 	h.Write(goSum)
 	h.Write(etcdMain)
-	h.Write([]byte(kubeLDFlags() + "\n"))
+	h.Write([]byte(KubeLDFlags() + "\n"))
 	h.Write([]byte(goVersion))
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
 // CacheRoot is ~/.cache/tessera (or $XDG_CACHE_HOME/tessera).
-func CacheRoot() (string, error) {
-	if dir := os.Getenv("XDG_CACHE_HOME"); dir != "" {
-		return filepath.Join(dir, "tessera"), nil
-	}
-	home, err := os.UserHomeDir()
-	if err != nil {
-		return "", fmt.Errorf("no cache directory (set XDG_CACHE_HOME or HOME): %w", err)
-	}
-	return filepath.Join(home, ".cache", "tessera"), nil
-}
+func CacheRoot() (string, error) { return binbuild.CacheRoot() }
 
 // Options say where to look and whom to tell.
 type Options struct {
@@ -160,11 +148,7 @@ func (o *Options) goCmd() string {
 
 // GoVersion runs `go version`; its output is part of the stamp.
 func GoVersion(ctx context.Context, goCmd string) (string, error) {
-	out, err := exec.CommandContext(ctx, goCmd, "version").Output()
-	if err != nil {
-		return "", fmt.Errorf("the Go toolchain is needed to build the Kubernetes binaries from the Go module proxy (`%s version`): %w", goCmd, err)
-	}
-	return string(out), nil
+	return binbuild.GoVersion(ctx, goCmd, "the Kubernetes binaries")
 }
 
 // Dir returns the directory the binaries of this release are in, or will be
@@ -194,16 +178,16 @@ func resolve(ctx context.Context, opts Options) (dir, stamp string, err error) {
 	return dir, stamp, nil
 }
 
-const stampFile = ".stamp"
+const stampFile = binbuild.StampFile
 
 // Missing lists which of bins are not built in dir for this stamp.
 func Missing(dir, stamp string, bins []Binary) []Binary {
-	if data, err := os.ReadFile(filepath.Join(dir, stampFile)); err != nil || strings.TrimSpace(string(data)) != stamp {
+	if !binbuild.HasStamp(dir, stamp) {
 		return bins // another release or toolchain built here: everything again
 	}
 	var missing []Binary
 	for _, b := range bins {
-		if fi, err := os.Stat(filepath.Join(dir, b.Name)); err != nil || fi.Mode()&0o111 == 0 {
+		if !binbuild.Executable(filepath.Join(dir, b.Name)) {
 			missing = append(missing, b)
 		}
 	}
@@ -224,7 +208,7 @@ func Ensure(ctx context.Context, opts Options, bins ...Binary) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("binary directory: %w", err)
 	}
-	unlock, err := lock(ctx, filepath.Join(dir, ".lock"), opts.Out)
+	unlock, err := binbuild.Lock(ctx, filepath.Join(dir, ".lock"), opts.Out, "the Kubernetes binaries")
 	if err != nil {
 		return "", err
 	}
@@ -233,7 +217,7 @@ func Ensure(ctx context.Context, opts Options, bins ...Binary) (string, error) {
 	if len(missing) == 0 {
 		return dir, nil
 	}
-	if data, err := os.ReadFile(filepath.Join(dir, stampFile)); err != nil || strings.TrimSpace(string(data)) != stamp {
+	if !binbuild.HasStamp(dir, stamp) {
 		// Not ours (or a half-written directory): start afresh.
 		for _, b := range All {
 			_ = os.Remove(filepath.Join(dir, b.Name))
@@ -246,8 +230,8 @@ func Ensure(ctx context.Context, opts Options, bins ...Binary) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	p := newProgress(opts.Out)
-	p.printf("Kubernetes %s: building %s from the Go module proxy into %s (once; later runs reuse them)\n",
+	p := binbuild.NewProgress(opts.Out)
+	p.Printf("Kubernetes %s: building %s from the Go module proxy into %s (once; later runs reuse them)\n",
 		KubernetesVersion(), names(missing), dir)
 	start := time.Now()
 	for i, b := range missing {
@@ -256,7 +240,7 @@ func Ensure(ctx context.Context, opts Options, bins ...Binary) (string, error) {
 		}
 	}
 	if len(missing) > 1 {
-		p.printf("  built %d binaries in %s\n", len(missing), elapsed(start))
+		p.Printf("  built %d binaries in %s\n", len(missing), binbuild.Elapsed(start))
 	}
 	return dir, nil
 }
@@ -277,8 +261,8 @@ func writeModule(dir string) (string, error) {
 	return src, nil
 }
 
-func build(ctx context.Context, goCmd, src, dir string, b Binary, p *progress, step string) error {
-	ldflags := kubeLDFlags()
+func build(ctx context.Context, goCmd, src, dir string, b Binary, p *binbuild.Progress, step string) error {
+	ldflags := KubeLDFlags()
 	if b == Etcd {
 		ldflags = "-s -w"
 	}
@@ -286,23 +270,14 @@ func build(ctx context.Context, goCmd, src, dir string, b Binary, p *progress, s
 	cmd := exec.CommandContext(ctx, goCmd, "build", "-trimpath", "-ldflags", ldflags, "-o", tmp, b.Package)
 	cmd.Dir = src
 	// CGO_ENABLED=0: static binaries, and no C compiler output on screen.
-	// GOWORK=off: a go.work of the user's must not pull this module in.
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOWORK=off")
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	start := time.Now()
-	stop := p.running(fmt.Sprintf("  [%s] %-24s", step, b.Name), start)
-	err := cmd.Run()
-	stop()
-	if err != nil {
+	cmd.Env = binbuild.Env("CGO_ENABLED=0")
+	if err := p.Run(cmd, step, b.Name); err != nil {
 		_ = os.Remove(tmp)
-		p.printf("  [%s] %-24s failed after %s\n", step, b.Name, elapsed(start))
-		return fmt.Errorf("build %s (%s): %w\n%s", b.Name, b.Package, err, tail(out.String(), 30))
+		return fmt.Errorf("%w (package %s)", err, b.Package)
 	}
 	if err := os.Rename(tmp, filepath.Join(dir, b.Name)); err != nil {
 		return fmt.Errorf("install %s: %w", b.Name, err)
 	}
-	p.printf("  [%s] %-24s built in %s\n", step, b.Name, elapsed(start))
 	return nil
 }
 
@@ -312,106 +287,4 @@ func names(bins []Binary) string {
 		n[i] = b.Name
 	}
 	return strings.Join(n, ", ")
-}
-
-func elapsed(since time.Time) string {
-	return time.Since(since).Round(time.Second).String()
-}
-
-func tail(s string, lines int) string {
-	all := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(all) > lines {
-		all = all[len(all)-lines:]
-	}
-	return strings.Join(all, "\n")
-}
-
-// lock takes an exclusive flock on path, saying so when it has to wait.
-func lock(ctx context.Context, path string, out io.Writer) (func(), error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("lock %s: %w", path, err)
-	}
-	told := false
-	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			return func() { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN); _ = f.Close() }, nil
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) {
-			_ = f.Close()
-			return nil, fmt.Errorf("lock %s: %w", path, err)
-		}
-		if !told && out != nil {
-			fmt.Fprintf(out, "waiting for another process that is building the Kubernetes binaries (%s)\n", path)
-			told = true
-		}
-		select {
-		case <-ctx.Done():
-			_ = f.Close()
-			return nil, ctx.Err()
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
-}
-
-// progress prints build progress: on a terminal one line per binary whose
-// clock counts up; elsewhere (a log, CI) a line when a build starts, every
-// minute while it runs, and when it ends.
-type progress struct {
-	out io.Writer
-	tty bool
-}
-
-func newProgress(out io.Writer) *progress {
-	if out == nil {
-		out = io.Discard
-	}
-	p := &progress{out: out}
-	if f, ok := out.(interface{ Fd() uintptr }); ok {
-		p.tty = term.IsTerminal(int(f.Fd()))
-	}
-	return p
-}
-
-func (p *progress) printf(format string, args ...any) {
-	if p.tty {
-		fmt.Fprint(p.out, "\r\x1b[K") // replace the running line
-	}
-	fmt.Fprintf(p.out, format, args...)
-}
-
-// running shows label with the time since start until the returned func is
-// called.
-func (p *progress) running(label string, start time.Time) func() {
-	done := make(chan struct{})
-	finished := make(chan struct{})
-	every := time.Minute
-	if p.tty {
-		every = time.Second
-		fmt.Fprintf(p.out, "%s building... 0s", label)
-	} else {
-		fmt.Fprintf(p.out, "%s building...\n", label)
-	}
-	go func() {
-		defer close(finished)
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				if p.tty {
-					fmt.Fprintf(p.out, "\r\x1b[K%s building... %s", label, elapsed(start))
-				} else {
-					fmt.Fprintf(p.out, "%s still building (%s)\n", label, elapsed(start))
-				}
-			}
-		}
-	}()
-	return func() {
-		close(done)
-		<-finished
-	}
 }

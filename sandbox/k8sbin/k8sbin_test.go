@@ -33,7 +33,7 @@ func TestStampIsTheScriptsStamp(t *testing.T) {
 	}
 	mod := filepath.Join("..", "..", "test", "k8s")
 	script := `(cat "$1/go.mod" "$1/go.sum" "$1/etcd/main.go"; echo "$2"; go version) | sha256sum | cut -c1-16`
-	out, err := exec.Command("bash", "-c", script, "bash", mod, kubeLDFlags()).Output()
+	out, err := exec.Command("bash", "-c", script, "bash", mod, KubeLDFlags()).Output()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,8 +46,8 @@ func TestStampIsTheScriptsStamp(t *testing.T) {
 	}
 	// The flags are the script's of old, word for word.
 	const old = "-s -w -X k8s.io/component-base/version.gitVersion=v1.37.2 -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37 -X k8s.io/component-base/version.gitTreeState=clean -X k8s.io/component-base/version.buildDate=1970-01-01T00:00:00Z"
-	if KubernetesVersion() == "v1.37.2" && kubeLDFlags() != old {
-		t.Errorf("ldflags changed:\n got %s\nwant %s", kubeLDFlags(), old)
+	if KubernetesVersion() == "v1.37.2" && KubeLDFlags() != old {
+		t.Errorf("ldflags changed:\n got %s\nwant %s", KubeLDFlags(), old)
 	}
 }
 

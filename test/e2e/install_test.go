@@ -33,10 +33,11 @@ const modulePath = "github.com/tessera-gpu/tessera"
 // pseudo-version and for the bare commit hash, which is what `go install
 // ...@<commit>` asks the proxy for. Every dependency comes from the module
 // cache or, failing that, the usual proxy.
-// The installed binary then starts the sandbox in an empty directory —
-// finding the Kubernetes binaries in ~/.cache/tessera by the stamp of its
-// embedded module, with no checkout to look in — and its kubectl, top and
-// down work; the directory stays empty.
+// The installed binary then starts the sandbox in an empty directory with a
+// real operator (JobSet) — finding the Kubernetes binaries and the operator
+// in ~/.cache/tessera by the stamps of its embedded modules, with no
+// checkout to look in — and its kubectl, top and down work; the directory
+// stays empty.
 //
 // Cost: one `go install` of the CLI (its dependencies are in the build
 // cache: about a minute here) and one sandbox start (about 10s).
@@ -82,7 +83,7 @@ func TestInstalledCLIRunsOutsideACheckout(t *testing.T) {
 	empty := t.TempDir()
 	state := shortTempDir(t)
 	env := append(os.Environ(), "TESSERA_SANDBOX_DIR="+state)
-	up := exec.Command(tessera, "sandbox", "up", "--nodes", "2")
+	up := exec.Command(tessera, "sandbox", "up", "--nodes", "2", "--operators", "jobset")
 	up.Dir = empty
 	up.Env = env
 	stdout, err := up.StdoutPipe()
@@ -136,6 +137,9 @@ func TestInstalledCLIRunsOutsideACheckout(t *testing.T) {
 	if nodes := run("sandbox", "kubectl", "get", "nodes", "-o", "name"); nodes != "node/gpu-node-0\nnode/gpu-node-1\n" {
 		t.Errorf("tessera sandbox kubectl get nodes -o name:\n%s", nodes)
 	}
+	if crd := run("sandbox", "kubectl", "get", "crd", "jobsets.jobset.x-k8s.io", "-o", "name"); crd != "customresourcedefinition.apiextensions.k8s.io/jobsets.jobset.x-k8s.io\n" {
+		t.Errorf("the JobSet operator's CRD from the installed CLI: %q", crd)
+	}
 	if v := run("sandbox", "kubectl", "version", "--client", "-o", "json"); !strings.Contains(v, `"gitVersion": "v1.37.2"`) {
 		t.Errorf("sandbox kubectl is not v1.37.2:\n%s", v)
 	}
@@ -150,6 +154,9 @@ func TestInstalledCLIRunsOutsideACheckout(t *testing.T) {
 		}
 	case <-time.After(time.Minute):
 		t.Fatal("tessera sandbox up still running after down")
+	}
+	if !strings.Contains(narration.String(), "starting workload operators: jobset") {
+		t.Errorf("no operator in the narration:\n%s", narration.String())
 	}
 	if !strings.Contains(narration.String(), "nothing left running") {
 		t.Errorf("no clean stop in the narration:\n%s", narration.String())

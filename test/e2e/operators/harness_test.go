@@ -35,9 +35,9 @@ import (
 	"github.com/tessera-gpu/tessera/contract"
 	v1alpha1 "github.com/tessera-gpu/tessera/controlplane/api/v1alpha1"
 	"github.com/tessera-gpu/tessera/sandbox"
+	"github.com/tessera-gpu/tessera/sandbox/operators"
 	"github.com/tessera-gpu/tessera/sandbox/simkubelet"
 	"github.com/tessera-gpu/tessera/test/framework"
-	"github.com/tessera-gpu/tessera/test/operators"
 )
 
 const (
@@ -510,12 +510,12 @@ func simDuration(obj *unstructured.Unstructured, match func(path []string) bool,
 // tessera-scheduler and a GPU claim per pod; it returns its name.
 func (h *harness) trainingRuntime(name string) string {
 	h.t.Helper()
-	dir, err := operators.BinDir()
+	dir, err := operators.BuildDir(h.ctx, "trainer")
 	if err != nil {
 		h.t.Fatal(err)
 	}
 	// torch-distributed is in torch_distributed.yaml, and so on.
-	data, err := os.ReadFile(filepath.Join(dir, "trainer", "runtimes", strings.ReplaceAll(name, "-", "_")+".yaml"))
+	data, err := os.ReadFile(filepath.Join(dir, "runtimes", strings.ReplaceAll(name, "-", "_")+".yaml"))
 	if err != nil {
 		h.t.Fatal(err)
 	}

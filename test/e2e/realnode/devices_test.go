@@ -14,22 +14,8 @@ import (
 
 	"github.com/tessera-gpu/tessera/contract"
 	"github.com/tessera-gpu/tessera/draplugin/checkpoint"
+	"github.com/tessera-gpu/tessera/nodeagent/nvmlbackend"
 )
-
-// controlNodes are in every claim's CDI spec (draplugin/cdi), with the
-// stand-in numbers of test/realnode.
-var controlNodes = map[string]string{
-	"/dev/nvidiactl":        "195:255",
-	"/dev/nvidia-uvm":       "510:0",
-	"/dev/nvidia-uvm-tools": "510:1",
-}
-
-func withControlNodes(m map[string]string) map[string]string {
-	for k, v := range controlNodes {
-		m[k] = v
-	}
-	return m
-}
 
 func attr(name resourceapi.QualifiedName) string {
 	return fmt.Sprintf("device.attributes[%q].%s", contract.DriverName, name)
@@ -61,17 +47,18 @@ func (e *env) deleteAndCheckUnprepared(pod *corev1.Pod, claim *resourceapi.Resou
 }
 
 // TestWholeGPU: a pod with a whole GPU gets exactly that GPU's device node
-// and the control nodes, and no NVIDIA environment; deleting the pod
-// unprepares the claim.
+// and the control nodes, the driver (checkDriver) and the base spec's
+// environment alone; deleting the pod unprepares the claim.
 func TestWholeGPU(t *testing.T) {
 	e := newEnv(t)
 	claim := e.claim("whole", request{class: contract.ClassGPU, selector: attr(contract.AttrIndex) + " == 3"})
 	pod, claim := e.schedule(e.pod("whole", claim.Name, reportScript), claim, nil)
 	e.waitRunning(pod)
 	r := e.readReport(pod)
-	e.checkDevices(pod, r, withControlNodes(map[string]string{"/dev/nvidia3": "195:3"}))
-	if env := r.nvidiaEnv(); len(env) != 0 {
-		t.Errorf("NVIDIA environment of a whole GPU: %v, want none", env)
+	e.checkDevices(pod, r, withControlNodes(map[string]string{"/dev/nvidia3": devnum(nvmlbackend.NVIDIAMajor, 3)}))
+	e.checkDriver(pod, r)
+	if d := diffMaps(r.nvidiaEnv(), e.commonEnv()); d != "" {
+		t.Errorf("NVIDIA environment of a whole GPU (want the base spec's alone): %s", d)
 	}
 	if got := e.preparedDevices(e.node.Plugin, "gpu"); got != 1 {
 		t.Errorf("prepared whole GPUs: %d, want 1", got)
@@ -81,8 +68,8 @@ func TestWholeGPU(t *testing.T) {
 
 // TestMIGDevice: a pod with a MIG device gets the parent GPU's node and the
 // capability nodes of exactly the GPU and compute instance tessera-node
-// created for it (at the allocated placement), and nothing else; deleting the
-// pod destroys the instance.
+// created for it (at the allocated placement), and nothing else, plus the
+// driver; deleting the pod destroys the instance.
 func TestMIGDevice(t *testing.T) {
 	e := newEnv(t)
 	claim := e.claim("mig", request{class: contract.ClassMIG,
@@ -100,22 +87,22 @@ func TestMIGDevice(t *testing.T) {
 	if mig.Start != 3 || mig.Profile != "1g.10gb" || !mig.Created || rec.Devices[0].Device != device {
 		t.Errorf("MIG instance %+v for device %s, want 1g.10gb created at placement 3", mig, device)
 	}
-	// The driver's capability minors: 3 + gpu·135 + gi·9, and + 1 + ci for
-	// the compute instance (/proc/driver/nvidia-caps/mig-minors).
-	gi := 3 + mig.ParentMinor*135 + int(mig.GIID)*9
-	ci := gi + 1 + int(mig.CIID)
+	// The driver's capability minors (/proc/driver/nvidia-caps/mig-minors)
+	// with the nvidia-caps major of /proc/devices.
+	gi, ci := nvmlbackend.CapMinors(mig.ParentMinor, mig.GIID)
 	gpuNode := "/dev/nvidia" + strconv.Itoa(mig.ParentMinor)
 	want := withControlNodes(map[string]string{
-		gpuNode: "195:" + strconv.Itoa(mig.ParentMinor),
-		"/dev/nvidia-caps/nvidia-cap" + strconv.Itoa(gi): "511:" + strconv.Itoa(gi),
-		"/dev/nvidia-caps/nvidia-cap" + strconv.Itoa(ci): "511:" + strconv.Itoa(ci),
+		gpuNode: devnum(nvmlbackend.NVIDIAMajor, mig.ParentMinor),
+		"/dev/nvidia-caps/nvidia-cap" + strconv.Itoa(gi):           devnum(nvmlbackend.CapsMajor, gi),
+		"/dev/nvidia-caps/nvidia-cap" + strconv.Itoa(ci(mig.CIID)): devnum(nvmlbackend.CapsMajor, ci(mig.CIID)),
 	})
 	if !strings.HasPrefix(device, "gpu-"+strconv.Itoa(mig.ParentMinor)+"-mig-1g-10gb-3") {
 		t.Errorf("allocated device %s is not 1g.10gb at placement 3 of GPU %d", device, mig.ParentMinor)
 	}
 	e.checkDevices(pod, r, want)
-	if env := r.nvidiaEnv(); len(env) != 0 {
-		t.Errorf("NVIDIA environment of a MIG device without MPS: %v, want none", env)
+	e.checkDriver(pod, r)
+	if d := diffMaps(r.nvidiaEnv(), e.commonEnv()); d != "" {
+		t.Errorf("NVIDIA environment of a MIG device without MPS (want the base spec's alone): %s", d)
 	}
 	if got := e.preparedDevices(e.node.Plugin, "mig"); got != 1 {
 		t.Errorf("prepared MIG devices: %d, want 1", got)
@@ -123,11 +110,11 @@ func TestMIGDevice(t *testing.T) {
 	e.deleteAndCheckUnprepared(pod, claim, "mig")
 }
 
-// TestMPSShare: a pod with a share of a GPU gets that GPU's node, the MPS
-// client environment with the limits of what its claim consumed, and the
-// pipe directory of the GPU's MPS control daemon mounted at
-// /tmp/nvidia-mps, where it sees the daemon's control pipe; deleting the pod
-// stops the daemon (its last client).
+// TestMPSShare: a pod with a share of a GPU gets that GPU's node, the driver, an MPS
+// client environment that only points at the daemon (the limits of what its claim
+// consumed are the daemon's, where the tenant cannot lift them), and the pipe
+// directory of its claim's own MPS control daemon mounted at /tmp/nvidia-mps, where it
+// sees the daemon's control pipe; deleting the pod stops the daemon.
 func TestMPSShare(t *testing.T) {
 	e := newEnv(t)
 	claim := e.claim("share", request{class: contract.ClassShared, selector: attr(contract.AttrIndex) + " == 2", memory: "10Gi", compute: "25"})
@@ -135,17 +122,15 @@ func TestMPSShare(t *testing.T) {
 	e.waitRunning(pod)
 	r := e.readReport(pod)
 
-	e.checkDevices(pod, r, withControlNodes(map[string]string{"/dev/nvidia2": "195:2"}))
-	wantEnv := map[string]string{
-		"CUDA_MPS_PIPE_DIRECTORY":           "/tmp/nvidia-mps",
-		"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
-		"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT":  "0=10240M",
-	}
+	e.checkDevices(pod, r, withControlNodes(map[string]string{"/dev/nvidia2": devnum(nvmlbackend.NVIDIAMajor, 2)}))
+	e.checkDriver(pod, r)
+	wantEnv := e.commonEnv()
+	wantEnv["CUDA_MPS_PIPE_DIRECTORY"] = "/tmp/nvidia-mps"
 	if d := diffMaps(r.nvidiaEnv(), wantEnv); d != "" {
 		t.Errorf("MPS environment in the container: %s", d)
 	}
 	uuid := *e.sliceDevice("gpu-2-shared").Attributes[contract.AttrUUID].StringValue
-	pipeDir := filepath.Join(e.node.MPSDir(), uuid, "pipe")
+	pipeDir := filepath.Join(e.node.MPSDir(), "claims", string(claim.UID), "pipe")
 	spec := e.containerSpec(pod)
 	var mounted bool
 	for _, m := range spec.Mounts {
@@ -168,6 +153,9 @@ func TestMPSShare(t *testing.T) {
 	calls := strings.Join(e.node.ToolCalls(), "\n")
 	if !strings.Contains(calls, "nvidia-cuda-mps-control -d | visible="+uuid) {
 		t.Errorf("no MPS control daemon was started for %s; tool calls:\n%s", uuid, calls)
+	}
+	if !strings.Contains(calls, "limits=mem:0=10240M,threads:25") {
+		t.Errorf("the MPS control daemon did not start with the claim's limits (10Gi, 25%%); tool calls:\n%s", calls)
 	}
 	e.deleteAndCheckUnprepared(pod, claim, "shared")
 	calls = strings.Join(e.node.ToolCalls(), "\n")

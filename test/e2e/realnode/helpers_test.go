@@ -34,8 +34,8 @@ import (
 	"github.com/tessera-gpu/tessera/contract"
 	"github.com/tessera-gpu/tessera/deployments/deviceclasses"
 	"github.com/tessera-gpu/tessera/draplugin/checkpoint"
+	"github.com/tessera-gpu/tessera/sandbox/realnode"
 	"github.com/tessera-gpu/tessera/test/framework"
-	"github.com/tessera-gpu/tessera/test/realnode"
 )
 
 // partitionConfig is the mock DGX H100 of every test: GPU 0 and 1 offer
@@ -257,8 +257,11 @@ func (l classLister) Get(name string) (*resourceapi.DeviceClass, error) {
 }
 
 // reportScript prints what the container got — its NVIDIA device nodes with
-// their numbers, its environment and its mounts — between markers, then
-// stays up.
+// their numbers, its environment, its mounts, the MPS pipe directory, the
+// driver's files (libraries and binaries: symlinks with their targets,
+// files with their SHA-256), the dynamic linker's configuration and cache
+// that nvidia-cdi-hook's update-ldcache wrote, and what the driver's
+// nvidia-smi says when run — between markers, then stays up.
 const reportScript = `echo '== dev'
 for f in $(find /dev -name 'nvidia*' ! -type d | sort); do stat -c '%n %F %t:%T' "$f"; done
 echo '== env'
@@ -267,6 +270,16 @@ echo '== mounts'
 cat /proc/self/mounts
 echo '== mps'
 ls -l /tmp/nvidia-mps 2>/dev/null || true
+echo '== driver'
+for f in $(find /usr/lib/x86_64-linux-gnu /usr/bin \( -name 'lib*' -o -name 'nvidia-*' \) 2>/dev/null | sort); do
+  if [ -L "$f" ]; then echo "L $f $(readlink "$f")"; else echo "F $f $(sha256sum < "$f" | cut -d' ' -f1)"; fi
+done
+echo '== ldconf'
+for f in /etc/ld.so.conf /etc/ld.so.conf.d/*; do [ -f "$f" ] && sed "s|^|$f: |" "$f"; done
+echo '== ldcache'
+base64 /etc/ld.so.cache 2>/dev/null | tr -d '\n'; echo
+echo '== smi'
+/usr/bin/nvidia-smi 2>&1; echo "exit $?"
 echo '== end'
 exec sleep 3600
 `
@@ -361,10 +374,16 @@ func (e *env) waitRunning(pod *corev1.Pod) *corev1.Pod {
 
 // report is what a container printed with reportScript.
 type report struct {
-	devices map[string]string // path → "<major>:<minor>" (decimal)
-	env     map[string]string
-	mounts  map[string]string // container path → "<source> <fstype> <options>"
-	mps     []string          // ls -l of the MPS pipe directory
+	devices  map[string]string // path → "<major>:<minor>" (decimal)
+	devTypes map[string]string // path → stat's file type
+	env      map[string]string
+	mounts   map[string]string // container path → "<source> <fstype> <options>"
+	mps      []string          // ls -l of the MPS pipe directory
+	links    map[string]string // driver symlink → target
+	files    map[string]string // driver file → SHA-256
+	ldconf   []string          // "<file>: <line>" of /etc/ld.so.conf and its drop-ins
+	ldcache  string            // /etc/ld.so.cache, base64
+	smi      []string          // nvidia-smi's output and "exit <code>"
 }
 
 // readReport reads the pod's log through the API server (which fetches it
@@ -381,7 +400,8 @@ func (e *env) readReport(pod *corev1.Pod) report {
 		raw = string(data)
 		return strings.Contains(raw, "== end"), nil
 	})
-	r := report{devices: map[string]string{}, env: map[string]string{}, mounts: map[string]string{}}
+	r := report{devices: map[string]string{}, devTypes: map[string]string{}, env: map[string]string{}, mounts: map[string]string{},
+		links: map[string]string{}, files: map[string]string{}}
 	section := ""
 	for _, line := range strings.Split(raw, "\n") {
 		if s, ok := strings.CutPrefix(line, "== "); ok {
@@ -400,6 +420,7 @@ func (e *env) readReport(pod *corev1.Pod) report {
 				e.t.Fatalf("device line %q: %v", line, err)
 			}
 			r.devices[f[0]] = fmt.Sprintf("%d:%d", major, minor)
+			r.devTypes[f[0]] = strings.Join(f[1:len(f)-1], " ")
 		case "env":
 			k, v, _ := strings.Cut(line, "=")
 			r.env[k] = v
@@ -410,6 +431,19 @@ func (e *env) readReport(pod *corev1.Pod) report {
 			}
 		case "mps":
 			r.mps = append(r.mps, line)
+		case "driver":
+			f := strings.Fields(line)
+			if len(f) == 3 && f[0] == "L" {
+				r.links[f[1]] = f[2]
+			} else if len(f) == 3 && f[0] == "F" {
+				r.files[f[1]] = f[2]
+			}
+		case "ldconf":
+			r.ldconf = append(r.ldconf, line)
+		case "ldcache":
+			r.ldcache += line
+		case "smi":
+			r.smi = append(r.smi, line)
 		}
 	}
 	return r
@@ -497,6 +531,20 @@ func (e *env) deletePod(pod *corev1.Pod) {
 		_, err := e.client.CoreV1().Pods(e.ns).Get(ctx, pod.Name, metav1.GetOptions{})
 		return apierrors.IsNotFound(err), nil
 	})
+}
+
+// claimSpecFiles lists the claims' CDI specs tessera-node has written (not
+// the base spec with the driver's common edits, which stays).
+func (e *env) claimSpecFiles() []string {
+	var out []string
+	for _, f := range e.specFiles() {
+		if strings.HasPrefix(f, "k8s.gpu.tessera.dev-claim_") {
+			out = append(out, f)
+		} else if f != "k8s.gpu.tessera.dev-driver.json" {
+			e.t.Errorf("unexpected file %s in the CDI directory", f)
+		}
+	}
+	return out
 }
 
 // specFiles lists the CDI specs tessera-node has written.

@@ -16,7 +16,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/contract"
 	"github.com/tessera-gpu/tessera/draplugin/cdi"
-	"github.com/tessera-gpu/tessera/test/realnode"
+	"github.com/tessera-gpu/tessera/sandbox/realnode"
 )
 
 // runWholeGPU schedules a report pod with whole GPU index and waits until it runs.
@@ -74,8 +74,8 @@ func TestUnprepareRetriesWhilePluginDown(t *testing.T) {
 	if n := e.claimOperations(p, "unprepare"); n != 1 {
 		t.Errorf("the restarted tessera-node unprepared %d claims, want 1", n)
 	}
-	if files := e.specFiles(); len(files) != 0 {
-		t.Errorf("CDI specs left: %v", files)
+	if files := e.claimSpecFiles(); len(files) != 0 {
+		t.Errorf("claims' CDI specs left: %v", files)
 	}
 }
 
@@ -105,10 +105,11 @@ func allocatedStatus(p *corev1.Pod) []corev1.ResourceHealth {
 	return nil
 }
 
-func (e *env) waitHealth(pod *corev1.Pod, resourceID string, want corev1.ResourceHealthStatus) {
+func (e *env) waitHealth(pod *corev1.Pod, resourceID string, want corev1.ResourceHealthStatus) corev1.ResourceHealth {
 	e.t.Helper()
 	start := time.Now()
 	var last []corev1.ResourceHealth
+	var got corev1.ResourceHealth
 	e.waitFor("health of "+resourceID+" "+string(want), 2*time.Minute, func(ctx context.Context) (bool, error) {
 		p, err := e.client.CoreV1().Pods(e.ns).Get(ctx, pod.Name, metav1.GetOptions{})
 		if err != nil {
@@ -117,12 +118,26 @@ func (e *env) waitHealth(pod *corev1.Pod, resourceID string, want corev1.Resourc
 		last = allocatedStatus(p)
 		for _, h := range last {
 			if string(h.ResourceID) == resourceID && h.Health == want {
+				got = h
 				return true, nil
 			}
 		}
 		return false, nil
-	}, func() string { return fmt.Sprintf("status: %+v", last) })
-	e.t.Logf("%s %s after %s (status %+v)", resourceID, want, time.Since(start).Round(100*time.Millisecond), last)
+	}, func() string { return "status: " + healthString(last) })
+	e.t.Logf("%s %s after %s (status %s)", resourceID, want, time.Since(start).Round(100*time.Millisecond), healthString(last))
+	return got
+}
+
+func healthString(hs []corev1.ResourceHealth) string {
+	var out []string
+	for _, h := range hs {
+		s := string(h.ResourceID) + " " + string(h.Health)
+		if h.Message != nil {
+			s += fmt.Sprintf(" %q", *h.Message)
+		}
+		out = append(out, s)
+	}
+	return "[" + strings.Join(out, "; ") + "]"
 }
 
 // TestPluginHealth: tessera-node's health stream (WatchResources) reaches
@@ -147,6 +162,45 @@ func TestPluginHealth(t *testing.T) {
 	if n := e.claimOperations(p, "prepare"); n != 0 {
 		t.Errorf("the restarted tessera-node prepared %d claims for a running pod, want 0", n)
 	}
+	e.deleteAndCheckUnprepared(pod, claim, "gpu")
+}
+
+// TestDeviceUnhealthy: faults of the GPU itself, injected into the mock
+// machine of the running tessera-node (its control socket), reach the pod's
+// status through tessera-node's health stream and the kubelet: a critical
+// XID makes the device Unhealthy and, once the GPU has answered NVML for
+// --xid-recovery-period, Healthy again; a GPU that falls off the bus is
+// Unhealthy until it answers again.
+func TestDeviceUnhealthy(t *testing.T) {
+	e := newEnv(t, func(o *realnode.Options) {
+		o.PluginArgs = []string{"--health-probe-interval=1s", "--xid-recovery-period=10s"}
+	})
+	pod, claim := e.runWholeGPU("sick", 3)
+	id := cdi.DeviceID(claim.UID, claim.Status.Allocation.Devices.Results[0].Device)
+	e.waitHealth(pod, id, corev1.ResourceHealthStatusHealthy)
+
+	// XID 48: a double-bit ECC error, critical (not among the benign XIDs).
+	if err := e.node.Plugin.NVML(e.ctx, "xid 3 48"); err != nil {
+		t.Fatal(err)
+	}
+	if h := e.waitHealth(pod, id, corev1.ResourceHealthStatusUnhealthy); h.Message == nil || !strings.Contains(*h.Message, "48") {
+		t.Errorf("the Unhealthy status does not carry tessera-node's message naming XID 48: %s", healthString([]corev1.ResourceHealth{h}))
+	}
+	e.waitHealth(pod, id, corev1.ResourceHealthStatusHealthy)
+
+	if err := e.node.Plugin.NVML(e.ctx, "lost 3"); err != nil {
+		t.Fatal(err)
+	}
+	if h := e.waitHealth(pod, id, corev1.ResourceHealthStatusUnhealthy); h.Message == nil || !strings.Contains(*h.Message, "GPU does not answer") {
+		t.Errorf("the Unhealthy status of a lost GPU does not say so: %s", healthString([]corev1.ResourceHealth{h}))
+	}
+	// Still Unhealthy while the GPU does not answer (probes every second).
+	time.Sleep(5 * time.Second)
+	e.waitHealth(pod, id, corev1.ResourceHealthStatusUnhealthy)
+	if err := e.node.Plugin.NVML(e.ctx, "back 3"); err != nil {
+		t.Fatal(err)
+	}
+	e.waitHealth(pod, id, corev1.ResourceHealthStatusHealthy)
 	e.deleteAndCheckUnprepared(pod, claim, "gpu")
 }
 

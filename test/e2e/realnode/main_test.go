@@ -1,12 +1,12 @@
 // Package realnode holds the end-to-end tests on a real node: the real
-// kubelet v1.37 and containerd v2 (test/realnode) drive tessera-node on mock
+// kubelet v1.37 and containerd v2 (sandbox/realnode) drive tessera-node on mock
 // GPUs, and real containers report what they received.
 //
 // The tests need root, runc, the CNI plugins, busybox-static and the node
 // binaries of hack/build-node.sh. Without them they are skipped, unless
 // TESSERA_REQUIRE_REAL_NODE is set (.ci/run sets it), which makes a missing
 // prerequisite a failure. One real node runs per machine at a time: the tests
-// of this package run one after another, and test/realnode's machine lock
+// of this package run one after another, and sandbox/realnode's machine lock
 // keeps any other test binary or sandbox from starting a second kubelet.
 package realnode
 
@@ -20,8 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tessera-gpu/tessera/sandbox/realnode"
 	"github.com/tessera-gpu/tessera/test/framework"
-	"github.com/tessera-gpu/tessera/test/realnode"
 )
 
 // EnvRequire makes missing real-node prerequisites a failure instead of a skip.

@@ -17,7 +17,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/contract"
 	"github.com/tessera-gpu/tessera/sandbox"
-	"github.com/tessera-gpu/tessera/test/realnode"
+	"github.com/tessera-gpu/tessera/sandbox/realnode"
 )
 
 // TestSandboxRealNode: `tessera sandbox up --real-node` runs one real node

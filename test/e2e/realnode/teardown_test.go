@@ -16,8 +16,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
+	"github.com/tessera-gpu/tessera/sandbox/realnode"
 	"github.com/tessera-gpu/tessera/test/framework"
-	"github.com/tessera-gpu/tessera/test/realnode"
 )
 
 // envChild makes the test binary run killedOwnerChild instead of the tests.

@@ -9,7 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tessera-gpu/tessera/contract"
-	"github.com/tessera-gpu/tessera/test/realnode"
+	"github.com/tessera-gpu/tessera/sandbox/realnode"
 )
 
 // TestRollingUpgrade: two tessera-node instances with their own --pod-uid
@@ -38,8 +38,11 @@ func TestRollingUpgrade(t *testing.T) {
 	shareClaim := e.claim("second", request{class: contract.ClassShared, selector: attr(contract.AttrIndex) + " == 2", memory: "8Gi"})
 	second, shareClaim := e.schedule(e.pod("second", shareClaim.Name, reportScript), shareClaim, nil)
 	e.waitRunning(second)
-	if env := e.readReport(second).nvidiaEnv(); env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] != "0=8192M" {
+	if env := e.readReport(second).nvidiaEnv(); env["CUDA_MPS_PIPE_DIRECTORY"] != "/tmp/nvidia-mps" {
 		t.Errorf("MPS environment of the claim prepared during the upgrade: %v", env)
+	}
+	if calls := strings.Join(e.node.ToolCalls(), "\n"); !strings.Contains(calls, "limits=mem:0=8192M") {
+		t.Errorf("the MPS daemon of the claim prepared during the upgrade did not start with its 8Gi limit; tool calls:\n%s", calls)
 	}
 	if o, n := e.claimOperations(oldPlugin, "prepare"), e.claimOperations(newPlugin, "prepare"); o != 1 || n != 1 {
 		t.Errorf("prepares during the overlap: old instance %d, new %d; want 1 and 1", o, n)

@@ -1,9 +1,11 @@
 // Package realnode runs one real Kubernetes node on this machine against a
-// test control plane: containerd v2 (with Debian's runc and CNI plugins) and
-// the real kubelet, both built from the Go module proxy by
-// hack/build-node.sh, and beside them tessera-node on a mock GPU backend with
-// its plugin directories under the kubelet's root. Pods bound to the node run
-// as real containers, and the CDI edits of their claims reach them.
+// control plane (the tests', or the sandbox's): containerd v2 (with Debian's
+// runc and CNI plugins) and the real kubelet, both built from the Go module
+// proxy by sandbox/nodebin, and beside them tessera-node on a mock GPU
+// backend with its plugin directories under the kubelet's root. Pods bound
+// to the node run as real containers, and the CDI edits of their claims —
+// the mock machine's driver files, device nodes, and the hooks of the
+// NVIDIA container toolkit's nvidia-cdi-hook, which runc runs — reach them.
 //
 // Everything lives under one temporary directory and in a mount namespace of
 // the node's own (mountns.go); Stop tears everything down — processes,
@@ -34,11 +36,13 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/tessera-gpu/tessera/sandbox/nodebin"
 )
 
-// EnvBinDir overrides where the node binaries are looked up (default bin/node
-// of the checkout, as hack/build-node.sh links it).
-const EnvBinDir = "TESSERA_NODE_BIN"
+// EnvBinDir overrides where the node binaries are looked up (default the
+// cache directory of sandbox/nodebin, which bin/node of a checkout links to).
+const EnvBinDir = nodebin.EnvDir
 
 // Options configure a real node.
 type Options struct {
@@ -62,14 +66,18 @@ type Options struct {
 	// NodeIP is the kubelet's --node-ip (default: the first global IPv4
 	// address of an interface that is up).
 	NodeIP string
-	// BinDir holds kubelet, containerd, containerd-shim-runc-v2, ctr and pause
-	// (default $TESSERA_NODE_BIN, else bin/node of the checkout).
+	// BinDir holds the binaries of sandbox/nodebin: kubelet, containerd,
+	// containerd-shim-runc-v2, ctr, pause and nvidia-cdi-hook (default
+	// $TESSERA_NODE_BIN, else nodebin's cache directory).
 	BinDir string
 	// KubeletVerbosity is the kubelet's --v (default 2).
 	KubeletVerbosity int
 	// NoPlugin starts no tessera-node instance: the caller starts its own
 	// (StartPlugin), e.g. two for a rolling update.
 	NoPlugin bool
+	// PluginArgs are added to the command line of every tessera-node
+	// instance (e.g. --health-probe-interval=1s).
+	PluginArgs []string
 	// Log receives progress lines; nil for silence.
 	Log func(format string, args ...any)
 }
@@ -126,8 +134,44 @@ var hostPathsToWatch = []string{
 // Check says why this machine cannot run a real node, or returns nil: it
 // needs root, runc and the CNI plugins (Debian's runc and
 // containernetworking-plugins), busybox-static, unshare and nsenter
-// (util-linux), and the binaries of hack/build-node.sh.
+// (util-linux), and the binaries of sandbox/nodebin (hack/build-node.sh)
+// in binDir (default BinDir()).
 func Check(binDir string) error {
+	problems := checkMachine()
+	if binDir == "" {
+		var err error
+		if binDir, err = BinDir(); err != nil {
+			problems = append(problems, err.Error())
+		}
+	}
+	if binDir != "" {
+		for _, b := range nodebin.All {
+			if !executable(filepath.Join(binDir, b.Name)) {
+				problems = append(problems, fmt.Sprintf("no %s in %s (build the node binaries with `make node-bin` or hack/build-node.sh)", b.Name, binDir))
+			}
+		}
+	}
+	if len(problems) > 0 {
+		return errors.New(strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// CheckMachine says why this machine cannot run a real node whatever
+// binaries it had, or returns nil.
+func CheckMachine() error {
+	if problems := checkMachine(); len(problems) > 0 {
+		return errors.New(strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+func executable(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0
+}
+
+func checkMachine() []string {
 	var problems []string
 	if os.Geteuid() != 0 {
 		problems = append(problems, "not running as root (the kubelet, containerd and runc need root)")
@@ -141,28 +185,12 @@ func Check(binDir string) error {
 	if err := checkStatic(BusyboxPath); err != nil {
 		problems = append(problems, err.Error()+" (apt-get install busybox-static)")
 	}
-	for _, tool := range []string{"unshare", "nsenter", "mountpoint", "ip"} {
+	for _, tool := range []string{"unshare", "nsenter", "ip"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			problems = append(problems, "no "+tool+" on PATH (util-linux)")
+			problems = append(problems, "no "+tool+" on PATH (util-linux, iproute2)")
 		}
 	}
-	if binDir == "" {
-		var err error
-		if binDir, err = BinDir(); err != nil {
-			problems = append(problems, err.Error())
-		}
-	}
-	if binDir != "" {
-		for _, b := range []string{"kubelet", "containerd", "containerd-shim-runc-v2", "ctr", "pause"} {
-			if _, err := os.Stat(filepath.Join(binDir, b)); err != nil {
-				problems = append(problems, fmt.Sprintf("no %s in %s (build the node binaries with `make node-bin` or hack/build-node.sh)", b, binDir))
-			}
-		}
-	}
-	if len(problems) > 0 {
-		return errors.New(strings.Join(problems, "; "))
-	}
-	return nil
+	return problems
 }
 
 // checkStatic makes sure path is a statically linked executable: the test
@@ -202,26 +230,12 @@ func findCNIBinDir() (string, error) {
 	return "", errors.New("no CNI bridge plugin in /usr/lib/cni or /opt/cni/bin (apt-get install containernetworking-plugins)")
 }
 
-// BinDir returns $TESSERA_NODE_BIN or bin/node of the checkout that contains
-// the working directory.
+// BinDir returns where the node binaries are, or will be built: the
+// directory of sandbox/nodebin ($TESSERA_NODE_BIN, else
+// ~/.cache/tessera/node/<stamp>, which bin/node of a checkout links to). No
+// checkout is needed.
 func BinDir() (string, error) {
-	if dir := os.Getenv(EnvBinDir); dir != "" {
-		return dir, nil
-	}
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if data, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && strings.HasPrefix(string(data), "module github.com/tessera-gpu/tessera\n") {
-			return filepath.Join(dir, "bin", "node"), nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("not inside the tessera repository and $" + EnvBinDir + " is not set: cannot find the node binaries")
-		}
-		dir = parent
-	}
+	return nodebin.Dir(context.Background(), nodebin.Options{})
 }
 
 // Start brings up the node: containerd, the kubelet (until its Node is Ready)
@@ -312,9 +326,6 @@ func Start(ctx context.Context, opts Options) (n *Node, err error) {
 		return nil, err
 	}
 	if err := n.buildImages(); err != nil {
-		return nil, err
-	}
-	if err := n.createDeviceNodes(opts.GPUs); err != nil {
 		return nil, err
 	}
 	if err := createCgroup(runtimeCgroup); err != nil {

@@ -18,8 +18,8 @@ import (
 // from static binaries and imported with `ctr images import`. Pods use them
 // with imagePullPolicy Never.
 const (
-	// PauseImage is the pods' sandbox image: test/realnode/pause, built by
-	// hack/build-node.sh.
+	// PauseImage is the pods' sandbox image: sandbox/nodebin/pause, built by
+	// sandbox/nodebin.
 	PauseImage = "tessera.local/pause:realnode"
 	// BusyboxImage holds Debian's busybox-static with its applets linked in
 	// /bin, for test containers that print what they got.
@@ -173,8 +173,10 @@ func (n *Node) buildImages() error {
 	if err != nil {
 		return fmt.Errorf("list the applets of %s: %w", BusyboxPath, err)
 	}
-	files := []layerFile{{name: "bin", mode: 0o755, isDir: true}, {name: "tmp", mode: 0o1777, isDir: true},
-		{name: "bin/busybox", mode: 0o755, fromFS: BusyboxPath}}
+	// /etc as in any image: nvidia-cdi-hook's update-ldcache writes
+	// /etc/ld.so.conf, its drop-ins and /etc/ld.so.cache there.
+	files := []layerFile{{name: "bin", mode: 0o755, isDir: true}, {name: "etc", mode: 0o755, isDir: true},
+		{name: "tmp", mode: 0o1777, isDir: true}, {name: "bin/busybox", mode: 0o755, fromFS: BusyboxPath}}
 	for _, a := range strings.Fields(string(applets)) {
 		if a != "busybox" {
 			files = append(files, layerFile{name: "bin/" + a, mode: 0o777, link: "busybox"})

@@ -1,6 +1,7 @@
 package operators
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/catalog"
 	"github.com/tessera-gpu/tessera/catalog/lint"
+	"github.com/tessera-gpu/tessera/sandbox/opbin"
 )
 
 // TestBuiltinDefinitionsLintAgainstOperatorCRDs: every path a built-in
@@ -17,17 +19,21 @@ import (
 // (`tessera catalog lint`), for every kind of those CRDs that the catalog maps:
 // a field an operator release renames shows up here, not on a cluster.
 func TestBuiltinDefinitionsLintAgainstOperatorCRDs(t *testing.T) {
-	bin, err := BinDir()
-	if err != nil {
-		t.Fatal(err)
-	}
 	cat, err := catalog.New(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	files, err := filepath.Glob(filepath.Join(bin, "*", "crds", "*.yaml"))
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no operator CRDs under %s (%v); run hack/build-operators.sh", bin, err)
+	var files []string
+	for _, op := range opbin.All {
+		dir, err := BuildDir(context.Background(), op.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		crds, err := filepath.Glob(filepath.Join(dir, "crds", "*.yaml"))
+		if err != nil || len(crds) == 0 {
+			t.Fatalf("no CRDs of %s under %s (%v); run hack/build-operators.sh", op.Name, dir, err)
+		}
+		files = append(files, crds...)
 	}
 	linted := 0
 	for _, f := range files {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-gpu/tessera/nodeagent/partition"
+	"github.com/tessera-gpu/tessera/sandbox/nodebin"
 )
 
 // SandboxTaint keeps the sandbox's workloads (which use images no registry
@@ -33,19 +35,28 @@ type SandboxOptions struct {
 	Config *partition.Config
 	Labels map[string]string
 	Log    func(format string, args ...any)
+	// Out receives the progress lines of building the node binaries, when
+	// they are not in the cache yet (nil: silence).
+	Out io.Writer
 }
 
-// StartForSandbox starts the sandbox's real node beside its simulated ones.
-// An error wrapping ErrUnavailable says why the machine cannot run one (not
-// root, no runc, no node binaries, no tessera-node binary): the sandbox then
-// goes on with its simulated nodes.
+// StartForSandbox starts the sandbox's real node beside its simulated ones,
+// building the node binaries into the cache first where they are missing
+// (sandbox/nodebin, from the Go module proxy; no checkout needed). An error
+// wrapping ErrUnavailable says why the machine cannot run one (not root, no
+// runc, no tessera-node binary, the node binaries cannot be built): the
+// sandbox then goes on with its simulated nodes.
 func StartForSandbox(ctx context.Context, o SandboxOptions) (*Node, error) {
-	if err := Check(""); err != nil {
+	if err := CheckMachine(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
-	bin, err := findTesseraNode()
+	bin, err := findTesseraNode(ctx, o.Out)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	binDir, err := nodebin.Ensure(ctx, nodebin.Options{Out: o.Out})
+	if err != nil {
+		return nil, fmt.Errorf("%w: the node binaries: %w", ErrUnavailable, err)
 	}
 	var cfg []byte
 	if o.Config != nil {
@@ -57,6 +68,7 @@ func StartForSandbox(ctx context.Context, o SandboxOptions) (*Node, error) {
 		NodeName:        o.NodeName,
 		Kubeconfig:      o.Kubeconfig,
 		TesseraNode:     bin,
+		BinDir:          binDir,
 		Machine:         o.Machine,
 		GPUs:            8,
 		PartitionConfig: string(cfg),
@@ -67,9 +79,10 @@ func StartForSandbox(ctx context.Context, o SandboxOptions) (*Node, error) {
 }
 
 // findTesseraNode looks for tessera-node next to the running program (make
-// build puts tessera and tessera-node into bin/), on PATH, then in bin/ of
-// the checkout.
-func findTesseraNode() (string, error) {
+// build puts tessera and tessera-node into bin/), then on PATH; an
+// installed tessera (go install …/cmd/tessera@version) has neither, and
+// builds tessera-node of its own version into the cache (nodebin.TesseraNode).
+func findTesseraNode(ctx context.Context, out io.Writer) (string, error) {
 	var candidates []string
 	if exe, err := os.Executable(); err == nil {
 		candidates = append(candidates, filepath.Join(filepath.Dir(exe), "tessera-node"))
@@ -77,13 +90,14 @@ func findTesseraNode() (string, error) {
 	if p, err := exec.LookPath("tessera-node"); err == nil {
 		candidates = append(candidates, p)
 	}
-	if dir, err := BinDir(); err == nil {
-		candidates = append(candidates, filepath.Join(filepath.Dir(dir), "tessera-node"))
-	}
 	for _, c := range candidates {
-		if fi, err := os.Stat(c); err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0 {
+		if executable(c) {
 			return c, nil
 		}
 	}
-	return "", errors.New("no tessera-node binary next to this program, on PATH or in bin/ (make build)")
+	bin, err := nodebin.TesseraNode(ctx, nodebin.Options{Out: out}, nodebin.ModuleVersion())
+	if err != nil {
+		return "", fmt.Errorf("no tessera-node next to this program or on PATH, and %w", err)
+	}
+	return bin, nil
 }

@@ -2,8 +2,10 @@
 // KubeRay, the MPI Operator, Kubeflow Trainer v2 and the training-operator
 // (PyTorchJob) — as processes against a given API server, so that tests and
 // `tessera sandbox up --operators` see the pods those operators really create.
-// The binaries, and each operator's own CRDs and webhook configurations, come
-// from hack/build-operators.sh (bin/operators/<name>).
+// The binaries, and each operator's own CRDs and webhook configurations, are
+// found in, or built into, the user's cache by sandbox/opbin from the Go
+// module proxy (hack/build-operators.sh runs the same code; bin/operators/<name>
+// of a checkout links to the cache); no checkout is needed.
 //
 // Webhooks run where the operator serves them: the webhook server listens on
 // 127.0.0.1 with a certificate of a CA made here, and the operator's webhook
@@ -17,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -41,12 +44,13 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 
-	"github.com/tessera-gpu/tessera/test/framework"
+	"github.com/tessera-gpu/tessera/sandbox/cluster"
+	"github.com/tessera-gpu/tessera/sandbox/opbin"
 )
 
-// EnvBinDir overrides where the operators are looked up (one directory per
-// operator, as hack/build-operators.sh lays them out).
-const EnvBinDir = "TESSERA_OPERATORS_BIN"
+// EnvBinDir overrides where the operators are looked up and built (one
+// directory per operator, as hack/build-operators.sh lays them out).
+const EnvBinDir = opbin.EnvDir
 
 // Names of the operators, as --operators takes them.
 const (
@@ -226,17 +230,11 @@ func certCacheDir() (string, error) {
 	return filepath.Join(dir, "tessera", "operators"), nil
 }
 
-// BinDir is where the operators are: $TESSERA_OPERATORS_BIN, else
-// bin/operators in the repository.
-func BinDir() (string, error) {
-	if dir := os.Getenv(EnvBinDir); dir != "" {
-		return dir, nil
-	}
-	root, err := framework.RepoRoot()
-	if err != nil {
-		return "", err
-	}
-	return filepath.Join(root, "bin", "operators"), nil
+// BuildDir is where an operator's build (manager, crds/, webhooks/, …) is,
+// or will be built, by its directory name (jobset, lws, kuberay,
+// mpi-operator, trainer, training-operator); nothing is built.
+func BuildDir(ctx context.Context, name string) (string, error) {
+	return opbin.Dir(ctx, opbin.Options{}, name)
 }
 
 // Options say where the operators run.
@@ -247,18 +245,26 @@ type Options struct {
 	Kubeconfig string
 	// Dir holds the operators' logs, configuration files and certificates.
 	Dir string
-	// BinDir overrides BinDir().
+	// BinDir, when set, holds the operators' builds, one directory per
+	// operator; nothing is built. Default: sandbox/opbin's directories
+	// ($TESSERA_OPERATORS_BIN, else the cache), building what is missing.
 	BinDir string
 	// Log receives progress lines; nil for silence.
 	Log func(format string, args ...any)
+	// Out receives the progress lines of building operators that are not in
+	// the cache yet (nil: silence).
+	Out io.Writer
 }
 
 // Set is a group of running operators sharing one webhook CA.
 type Set struct {
-	opts    Options
-	running []*Running
-	client  kubernetes.Interface
-	dyn     dynamic.Interface
+	opts Options
+	// buildDirs are the operators' builds by directory name (without
+	// Options.BinDir).
+	buildDirs map[string]string
+	running   []*Running
+	client    kubernetes.Interface
+	dyn       dynamic.Interface
 }
 
 // Running is one operator process.
@@ -291,15 +297,24 @@ func Start(ctx context.Context, names []string, opts Options) (_ *Set, err error
 	if opts.Log == nil {
 		opts.Log = func(string, ...any) {}
 	}
+	for _, n := range names {
+		if _, ok := specs[n]; !ok {
+			return nil, fmt.Errorf("unknown operator %q (known: %s)", n, strings.Join(Known(), ", "))
+		}
+	}
+	s := &Set{opts: opts, buildDirs: map[string]string{}}
 	if opts.BinDir == "" {
-		if opts.BinDir, err = BinDir(); err != nil {
+		var dirs []string
+		for _, n := range names {
+			dirs = append(dirs, specs[n].dir)
+		}
+		if s.buildDirs, err = opbin.Ensure(ctx, opbin.Options{Out: opts.Out}, dirs...); err != nil {
 			return nil, err
 		}
 	}
 	if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
 		return nil, err
 	}
-	s := &Set{opts: opts}
 	if s.client, err = kubernetes.NewForConfig(opts.Config); err != nil {
 		return nil, err
 	}
@@ -358,7 +373,10 @@ func (s *Set) Get(name string) *Running {
 }
 
 func (s *Set) start(ctx context.Context, sp *spec, certs *servingCerts) (*Running, error) {
-	binDir := filepath.Join(s.opts.BinDir, sp.dir)
+	binDir := s.buildDirs[sp.dir]
+	if s.opts.BinDir != "" {
+		binDir = filepath.Join(s.opts.BinDir, sp.dir)
+	}
 	if _, err := os.Stat(filepath.Join(binDir, "manager")); err != nil {
 		return nil, fmt.Errorf("%s is not built (%w); run hack/build-operators.sh %s", filepath.Join(binDir, "manager"), err, sp.dir)
 	}
@@ -670,7 +688,7 @@ func installCRDs(ctx context.Context, cfg *rest.Config, files []string) error {
 		if err != nil {
 			return fmt.Errorf("CRD %s (%s): %w", crd.Name, filepath.Base(f), err)
 		}
-		if err := framework.WaitCRDEstablished(ctx, client, crd.Name); err != nil {
+		if err := cluster.WaitCRDEstablished(ctx, client, crd.Name); err != nil {
 			return err
 		}
 	}

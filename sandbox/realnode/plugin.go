@@ -18,6 +18,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
 	"github.com/tessera-gpu/tessera/contract"
+	"github.com/tessera-gpu/tessera/nodeagent/nvmlbackend"
 )
 
 // Plugin is one running tessera-node process of the node: the node agent
@@ -29,6 +30,9 @@ type Plugin struct {
 	PodUID string
 	proc   *process
 	http   string
+	// driverRoot is where its mock machine lays out the driver installation,
+	// control the mock machine's control socket.
+	driverRoot, control string
 }
 
 // PluginOptions configure one tessera-node instance.
@@ -57,14 +61,15 @@ func (n *Node) CDIDir() string { return n.path("cdi") }
 // MPSDir is tessera-node's --mps-dir.
 func (n *Node) MPSDir() string { return n.path("mps") }
 
-// DriverRoot is the fake driver root: its dev/ holds the stand-in device
-// nodes. Once tessera-node writes CDI specs from a driver root (nvcdi), this
-// is the directory to pass to it.
-func (n *Node) DriverRoot() string { return n.path("driver-root") }
+// HookPath is the nvidia-cdi-hook the CDI specs name and runc runs (built
+// by sandbox/nodebin at the NVIDIA container toolkit version of go.mod).
+func (n *Node) HookPath() string { return n.bin("nvidia-cdi-hook") }
 
-// Backend is tessera-node's --backend.
-func (n *Node) Backend() string {
-	return "mock:" + n.opts.Machine + "?gpus=" + strconv.Itoa(n.opts.GPUs)
+// backend is the instance's --backend: the node's mock machine, with its
+// driver installation laid out in the node's directory and its control
+// socket there.
+func (n *Node) backend(p *Plugin) string {
+	return "mock:" + n.opts.Machine + "?gpus=" + strconv.Itoa(n.opts.GPUs) + "&root=" + p.driverRoot + "&control=" + p.control
 }
 
 // StartPlugin starts a tessera-node instance and waits until it has
@@ -78,15 +83,27 @@ func (n *Node) StartPlugin(ctx context.Context, opts PluginOptions) (*Plugin, er
 	if err != nil {
 		return nil, err
 	}
-	p := &Plugin{Name: opts.Name, PodUID: opts.PodUID, http: "127.0.0.1:" + strconv.Itoa(port)}
+	p := &Plugin{Name: opts.Name, PodUID: opts.PodUID, http: "127.0.0.1:" + strconv.Itoa(port),
+		driverRoot: n.path("driver-root", opts.Name), control: n.path("nvml-" + opts.Name + ".sock")}
+	// Every instance models its own machine (the mock lives in its
+	// process), so each has its own driver installation: the CDI base spec
+	// names the newest one's files, and a running container keeps the files
+	// it got from an older one.
 	args := []string{n.opts.TesseraNode,
 		"--node-name=" + n.opts.NodeName,
 		"--kubeconfig=" + n.opts.Kubeconfig,
-		"--backend=" + n.Backend(),
+		"--backend=" + n.backend(p),
+		"--nvidia-cdi-hook-path=" + n.HookPath(),
 		"--kubelet-registry-dir=" + n.RegistryDir(),
 		"--kubelet-plugin-dir=" + n.PluginDir(),
 		"--cdi-dir=" + n.CDIDir(),
 		"--mps-dir=" + n.MPSDir(),
+		// The MPS control daemons run as children of tessera-node here, not in pods of
+		// their own (the default, which a DaemonSet needs to survive upgrades): a daemon
+		// pod needs an image with tessera-node, which the real node's image builder does
+		// not make. The daemon's protocol (start, limits, get_server_list, quit) is the
+		// same in both modes; what differs is only who starts the process.
+		"--mps-daemon=process",
 		"--http-address=" + p.http,
 		"--v=4",
 	}
@@ -96,6 +113,7 @@ func (n *Node) StartPlugin(ctx context.Context, opts PluginOptions) (*Plugin, er
 	if opts.PodUID != "" {
 		args = append(args, "--pod-uid="+opts.PodUID)
 	}
+	args = append(args, n.opts.PluginArgs...)
 	args = append(args, opts.ExtraArgs...)
 	env := append(nodeEnv(n.path("fakebin"), n.binDir), "FAKE_TOOLS_LOG="+n.ToolCallsLog())
 	p.proc, err = startProcess(opts.Name, n.path("logs", opts.Name+".log"), env, n.inNamespace(args...)...)
@@ -201,6 +219,18 @@ func (p *Plugin) Running() bool {
 	return !done
 }
 
+// DriverRoot is the directory where the instance's mock machine laid out
+// its driver installation (libraries, binaries, device nodes, procfs): the
+// host paths of the CDI specs it writes are in it.
+func (p *Plugin) DriverRoot() string { return p.driverRoot }
+
+// NVML sends a fault to the instance's mock machine (nvmlbackend's control
+// socket): "xid <gpu> <n>", "ecc <gpu> single|double", "lost <gpu>",
+// "back <gpu>", with <gpu> an index or a UUID.
+func (p *Plugin) NVML(ctx context.Context, command string) error {
+	return nvmlbackend.SendControl(ctx, p.control, command)
+}
+
 // Log returns the end of the instance's log.
 func (p *Plugin) Log(lines int) string { return p.proc.logTail(lines) }
 
@@ -222,21 +252,40 @@ func (n *Node) ToolCalls() []string {
 
 // The node has no NVIDIA driver, so tessera-node runs with stand-ins of
 // nvidia-smi and nvidia-cuda-mps-control first on its PATH. The MPS control
-// daemon's stand-in keeps the state the plugin can observe — the control pipe
-// exists while the daemon runs — and fails as the tool does when there is no
-// daemon to talk to.
+// daemon's stand-in keeps the state the plugin can observe in the pipe
+// directory — the control pipe exists while the daemon runs; the default
+// active thread percentage and each device's pinned memory limit are files
+// beside it — answers the control commands one per stdin line as the tool
+// does (get_* print the value, get_server_list prints no server: no CUDA
+// client runs here), and fails as the tool does when there is no daemon to
+// talk to or a command is unknown. The full model of the tool (servers per
+// UID, clients, static SM partitions) is draplugin's fakebin, which the
+// draplugin tests use; the real node's tests are about the kubelet,
+// containerd and the CDI edits, for which this much of MPS is enough.
 const fakeMPSControl = `#!/bin/sh
 stdin=""
 if [ "$1" != "-d" ]; then stdin=$(cat); fi
-printf '%s\n' "nvidia-cuda-mps-control $* | visible=$CUDA_VISIBLE_DEVICES pipe=$CUDA_MPS_PIPE_DIRECTORY | stdin=$stdin" >> "$FAKE_TOOLS_LOG"
-pipe="$CUDA_MPS_PIPE_DIRECTORY/control"
+printf '%s\n' "nvidia-cuda-mps-control $* | visible=$CUDA_VISIBLE_DEVICES pipe=$CUDA_MPS_PIPE_DIRECTORY | stdin=$(printf '%s' "$stdin" | tr '\n' ';') | limits=mem:$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT,threads:$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" >> "$FAKE_TOOLS_LOG"
+dir="$CUDA_MPS_PIPE_DIRECTORY"
+pipe="$dir/control"
 if [ "$1" = "-d" ]; then
   if [ -p "$pipe" ]; then echo "An instance of this daemon is already running" >&2; exit 1; fi
-  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" && mkfifo "$pipe"
+  mkdir -p "$dir" && rm -f "$dir"/limit.* && mkfifo "$pipe"
   exit $?
 fi
 if [ ! -p "$pipe" ]; then echo "Cannot find MPS control daemon process" >&2; exit 1; fi
-if [ "$stdin" = "quit" ]; then rm -f "$pipe"; fi
+printf '%s\n' "$stdin" | while read -r cmd a1 a2; do
+  case "$cmd" in
+  "") ;;
+  get_server_list) ;;
+  get_default_active_thread_percentage) cat "$dir/limit.threads" 2>/dev/null || echo 100.0 ;;
+  set_default_active_thread_percentage) echo "$a1.0" > "$dir/limit.threads"; cat "$dir/limit.threads" ;;
+  get_default_device_pinned_mem_limit) cat "$dir/limit.mem.$a1" 2>/dev/null || echo 0 ;;
+  set_default_device_pinned_mem_limit) echo "$a2" > "$dir/limit.mem.$a1" ;;
+  quit) rm -f "$pipe" "$dir"/limit.* ;;
+  *) echo "Unrecognized command: $cmd" >&2; exit 1 ;;
+  esac
+done
 `
 
 const fakeSMI = `#!/bin/sh
