@@ -238,3 +238,37 @@ func TestPreselectionCacheForgetsDeletedNodes(t *testing.T) {
 		t.Errorf("after node b's deletion the cache holds %d nodes (b: %v)", len(cache.nodes), ok)
 	}
 }
+
+// TestPreselectionFollowsClassChanges: a DeviceClass whose selector changes between cycles
+// (the node's slices unchanged, so its Cache entry is reused) selects by the new selector, as
+// the allocator given all devices does.
+func TestPreselectionFollowsClassChanges(t *testing.T) {
+	ctx := context.Background()
+	cache := NewCache()
+	in := Input{Nodes: []*v1.Node{fixture.Node("n", nil)}, Slices: fixture.PartitionableSlices("n", 1), Classes: fixture.DeviceClasses()}
+	claims := []*resourceapi.ResourceClaim{fixture.GPUClaim("ns", "c", 1)}
+	first := New(in, Config{Features: allFeatures, Cache: cache})
+	res, _, err := first.AllocateBounded(ctx, first.Node("n"), nil, claims, 0)
+	if err != nil || len(res) != 1 || res[0].Devices.Results[0].Device != "gpu-0" {
+		t.Fatalf("first cycle: %+v, %v; want the whole GPU gpu-0", res, err)
+	}
+	// The gpu class now selects MIG devices (a new object, as from the informer).
+	classes := fixture.DeviceClasses()
+	gpu := classes[0].DeepCopy()
+	gpu.Spec.Selectors[0].CEL.Expression = fmt.Sprintf(`device.driver == %q && device.attributes[%q].type == "mig"`, fixture.Driver, fixture.Driver)
+	changed := in
+	changed.Classes = []*resourceapi.DeviceClass{gpu, classes[1]}
+	second := New(changed, Config{Features: allFeatures, Cache: cache})
+	if second.devicesFor(second.Node("n")) != first.devicesFor(first.Node("n")) {
+		t.Fatal("unchanged slices: the node's entry should be reused")
+	}
+	got, _, gerr := second.AllocateBounded(ctx, second.Node("n"), nil, claims, 0)
+	all := New(changed, Config{Features: allFeatures, AllDevices: true})
+	want, _, werr := all.AllocateBounded(ctx, all.Node("n"), nil, claims, 0)
+	if gerr != nil || werr != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("after the class change: %+v (%v) with pre-selection, %+v (%v) with all devices", got, gerr, want, werr)
+	}
+	if len(got) != 1 || got[0].Devices.Results[0].Device == "gpu-0" {
+		t.Errorf("after the class change the claim got %+v; want a MIG device", got)
+	}
+}
