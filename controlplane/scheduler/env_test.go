@@ -292,6 +292,19 @@ func (e *env) boundCount(pods []*v1.Pod) int {
 	return n
 }
 
+// waitBoundCount waits until n of the pods are bound and returns how many are. A PodGroup's
+// status counts the bindings the scheduler has committed, which reach the API server a
+// moment later, so a test that read the status then counts the pods waits for them.
+func (e *env) waitBoundCount(pods []*v1.Pod, n int) int {
+	e.t.Helper()
+	var got int
+	_ = wait.PollUntilContextTimeout(e.ctx, 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		got = e.boundCount(pods)
+		return got >= n, nil
+	})
+	return got
+}
+
 // waitCondition waits until the PodGroup's condition has the status and its message
 // satisfies ok.
 func (e *env) waitCondition(pg, condType string, status metav1.ConditionStatus, ok func(metav1.Condition) bool) metav1.Condition {

@@ -328,7 +328,7 @@ func TestElasticGangPlacesWhatFits(t *testing.T) {
 		return strings.HasPrefix(c.Message, "3 of 4 pods bound; 1 more wait: Unschedulable")
 	})
 	t.Logf("condition: %s", c.Message)
-	if n := e.boundCount(pods); n != 3 {
+	if n := e.waitBoundCount(pods, 3); n != 3 {
 		t.Fatalf("%d pods bound, want 3", n)
 	}
 	e.checkClaims()

@@ -168,15 +168,20 @@ func TestJobWithGangSchedulingPolicy(t *testing.T) {
 	if c.Reason != "Scheduled" {
 		t.Errorf("condition = %+v", c)
 	}
+	// The condition follows the committed bindings; they reach the API server a moment later.
 	bound := 0
-	for _, p := range e.pods() {
-		if p.Spec.SchedulingGroup == nil || p.Spec.SchedulingGroup.PodGroupName == nil || *p.Spec.SchedulingGroup.PodGroupName != pg.Name {
-			continue
+	_ = wait.PollUntilContextTimeout(e.ctx, 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		bound = 0
+		for _, p := range e.pods() {
+			if p.Spec.SchedulingGroup == nil || p.Spec.SchedulingGroup.PodGroupName == nil || *p.Spec.SchedulingGroup.PodGroupName != pg.Name {
+				continue
+			}
+			if p.Spec.NodeName != "" {
+				bound++
+			}
 		}
-		if p.Spec.NodeName != "" {
-			bound++
-		}
-	}
+		return bound >= 4, nil
+	})
 	if bound != 4 {
 		t.Fatalf("%d pods of the gang bound, want 4", bound)
 	}
