@@ -157,9 +157,16 @@ func TestBadConfigFailsCleanly(t *testing.T) {
 		"unknown-field": {claimConfig{json: `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS","mps":{"threads":3}}}`}, `unknown field "sharing.mps.threads"`},
 		"wrong-kind":    {claimConfig{requests: []string{"gpu"}, json: `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"MigDeviceConfig"}`}, "the MigDeviceConfig configures none of the claim's devices"},
 		"over-limit":    {claimConfig{json: `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS","mps":{"pinnedDeviceMemoryLimit":"8Gi"}}}`}, "sharing.mps.pinnedDeviceMemoryLimit 8Gi exceeds the allocated memory"},
+		// Hostile values: a newline then an MPS control command for the
+		// daemon's stdin, shell characters for nvidia-smi's argv, a
+		// percentage out of range. Refused before any tool runs (no calls
+		// below), naming the field as written.
+		"hostile-memory":     {claimConfig{json: `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS","mps":{"pinnedDeviceMemoryLimit":"1Gi\nquit"}}}`}, `sharing.mps.pinnedDeviceMemoryLimit: Invalid value: "1Gi\nquit"`},
+		"hostile-interval":   {claimConfig{json: `{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig","sharing":{"strategy":"TimeSlicing","timeSlicingConfig":{"interval":"Long; nvidia-smi -r"}}}`}, `sharing.timeSlicingConfig.interval: Unsupported value: "Long; nvidia-smi -r"`},
+		"hostile-percentage": {claimConfig{json: `{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig","sharing":{"strategy":"MPS","mpsConfig":{"defaultActiveThreadPercentage":101}}}`}, "sharing.mpsConfig.defaultActiveThreadPercentage: Invalid value: 101"},
 	} {
 		req := request{name: "gpu", class: "gpu", selector: `device.attributes["gpu.tessera.dev"].index == 3`}
-		if name == "over-limit" {
+		if name == "over-limit" || name == "hostile-memory" || name == "hostile-percentage" {
 			req = request{name: "gpu", class: "shared", memory: "4Gi"}
 		}
 		c := e.claim(name, []request{req}, tc.cfg)

@@ -3,10 +3,15 @@ package main
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/component-base/featuregate"
 	logsapi "k8s.io/component-base/logs/api/v1"
 
@@ -136,6 +141,53 @@ func (o *options) validate() error {
 		return fmt.Errorf("--parallelism must be positive, got %d", o.parallelism)
 	case o.leaderElect && o.leaseDuration <= o.renewDeadline:
 		return fmt.Errorf("--leader-elect-lease-duration (%s) must be longer than --leader-elect-renew-deadline (%s)", o.leaseDuration, o.renewDeadline)
+	case o.leaderElect && o.retryPeriod <= 0:
+		return fmt.Errorf("--leader-elect-retry-period must be positive, got %s", o.retryPeriod)
+	case o.leaderElect && o.renewDeadline <= time.Duration(leaderelection.JitterFactor*float64(o.retryPeriod)):
+		// client-go's leader elector refuses this, but only once the
+		// scheduler has started.
+		return fmt.Errorf("--leader-elect-renew-deadline (%s) must be longer than %.1f × --leader-elect-retry-period (%s)", o.renewDeadline, leaderelection.JitterFactor, o.retryPeriod)
+	}
+	// Names the API server validates: one that is not valid would never
+	// match (a scheduler name, a topology label key) or fail only at the
+	// first write (the Lease, the probe claim).
+	for _, n := range []struct {
+		flag, value string
+		check       func(string) []string
+	}{
+		{"--scheduler-name", o.schedulerName, validation.IsDNS1123Subdomain},
+		{"--feature-probe-namespace", o.probeNamespace, validation.IsDNS1123Label},
+	} {
+		if errs := n.check(n.value); len(errs) > 0 {
+			return fmt.Errorf("%s %q: %s", n.flag, n.value, strings.Join(errs, "; "))
+		}
+	}
+	if o.leaderElect {
+		if errs := validation.IsDNS1123Label(o.leaseNamespace); len(errs) > 0 {
+			return fmt.Errorf("--leader-elect-resource-namespace %q: %s", o.leaseNamespace, strings.Join(errs, "; "))
+		}
+		if errs := validation.IsDNS1123Subdomain(o.leaseName); len(errs) > 0 {
+			return fmt.Errorf("--leader-elect-resource-name %q: %s", o.leaseName, strings.Join(errs, "; "))
+		}
+	}
+	for _, k := range o.topologyKeys {
+		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
+			return fmt.Errorf("--topology-keys: %q is not a label key: %s", k, strings.Join(errs, "; "))
+		}
+	}
+	for _, d := range o.gpuDrivers {
+		if errs := validation.IsDNS1123Subdomain(d); len(errs) > 0 {
+			return fmt.Errorf("--gpu-drivers: %q is not a DRA driver name: %s", d, strings.Join(errs, "; "))
+		}
+	}
+	if o.metricsAddress != "" {
+		_, port, err := net.SplitHostPort(o.metricsAddress)
+		if err != nil {
+			return fmt.Errorf("--metrics-bind-address %q: %w", o.metricsAddress, err)
+		}
+		if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+			return fmt.Errorf("--metrics-bind-address %q: port %q is not a number 0..65535", o.metricsAddress, port)
+		}
 	}
 	return nil
 }

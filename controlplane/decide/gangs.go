@@ -50,10 +50,11 @@ func readyToPlace(cfg Config, in Input, snap *snapshot.Snapshot, tree *quota.Tre
 		gang.Topology = &solver.Topology{Key: t.Key, Required: t.Mode == v1alpha1.TopologyRequired}
 	}
 	est := quota.Usage{}
-	var missing []string
+	var missing, unusable []string
 	for _, p := range g.pending {
-		claims, consumers, miss := podClaims(snap, p, g)
+		claims, consumers, miss, bad := podClaims(snap, p, g)
 		missing = append(missing, miss...)
+		unusable = append(unusable, bad...)
 		gang.Pods = append(gang.Pods, solver.Pod{Pod: p, Claims: claims, Consumers: consumers})
 		req := snapshot.PodRequests(p)
 		est[v1alpha1.ResourceCPU] += req.Cpu().AsApproximateFloat64()
@@ -73,6 +74,14 @@ func readyToPlace(cfg Config, in Input, snap *snapshot.Snapshot, tree *quota.Tre
 				}
 			}
 		}
+	}
+	if len(unusable) > 0 {
+		// As the kube-scheduler: such a pod waits until its claim is
+		// usable (recreated, or the pod replaced); placing the rest of
+		// the gang without it would break all-or-nothing.
+		sort.Strings(unusable)
+		g.reason, g.message = v1alpha1.ReasonWaitingForClaims, fmt.Sprintf("%d ResourceClaims cannot be used by their pods: %v", len(unusable), truncate(unusable, 5))
+		return false
 	}
 	if len(missing) > 0 {
 		sort.Strings(missing)
@@ -100,10 +109,13 @@ func oldestPod(g *gangState) time.Time {
 // pod's status (the resource claim controller writes the generated name there), or, for a
 // claim its upstream PodGroup defines (DRAWorkloadResourceClaims), through the PodGroup's
 // status — such a claim is reserved for the PodGroup, not the pod.
-func podClaims(snap *snapshot.Snapshot, pod *v1.Pod, g *gangState) ([]*resourceapi.ResourceClaim, map[types.UID]resourceapi.ResourceClaimConsumerReference, []string) {
-	var out []*resourceapi.ResourceClaim
-	var consumers map[types.UID]resourceapi.ResourceClaimConsumerReference
-	var missing []string
+//
+// unusable says why an existing claim cannot be used by the pod, as the kube-scheduler's
+// PreFilter refuses it: the claim is being deleted, or the pod's template claim (its name from
+// the pod's status) is another pod's — generated for it, owned by it. A claim a pod names
+// by resourceClaimName may be shared with other pods (the API allows it): such a pod joins
+// the claim's reservation on the claim's node, and is not refused here.
+func podClaims(snap *snapshot.Snapshot, pod *v1.Pod, g *gangState) (out []*resourceapi.ResourceClaim, consumers map[types.UID]resourceapi.ResourceClaimConsumerReference, missing, unusable []string) {
 	for i := range pod.Spec.ResourceClaims {
 		pc := &pod.Spec.ResourceClaims[i]
 		name := ""
@@ -139,6 +151,16 @@ func podClaims(snap *snapshot.Snapshot, pod *v1.Pod, g *gangState) ([]*resourcea
 			missing = append(missing, pod.Namespace+"/"+pod.Name+":"+pc.Name)
 			continue
 		}
+		if c.DeletionTimestamp != nil {
+			unusable = append(unusable, fmt.Sprintf("ResourceClaim %s/%s of pod %s is being deleted", c.Namespace, c.Name, pod.Name))
+			continue
+		}
+		if consumer == nil && pc.ResourceClaimName == nil {
+			if err := resourceclaim.IsForPod(pod, c, g.Upstream != nil); err != nil {
+				unusable = append(unusable, err.Error())
+				continue
+			}
+		}
 		if consumer != nil {
 			if consumers == nil {
 				consumers = map[types.UID]resourceapi.ResourceClaimConsumerReference{}
@@ -147,7 +169,7 @@ func podClaims(snap *snapshot.Snapshot, pod *v1.Pod, g *gangState) ([]*resourcea
 		}
 		out = append(out, c)
 	}
-	return out, consumers, missing
+	return out, consumers, missing, unusable
 }
 
 // podUsage is what a bound pod holds: its requests and, once per claim, its claims' GPU

@@ -249,6 +249,9 @@ func Decode(raw []byte) (*Checkpoint, error) {
 	default:
 		return nil, fmt.Errorf("%w: unknown version %q", ErrCorrupt, env.Version)
 	}
+	if err == nil {
+		err = cp.Data.Validate()
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s data: %w", ErrCorrupt, env.Version, err)
 	}
@@ -345,4 +348,34 @@ func BootID() (string, error) {
 		return "", fmt.Errorf("read boot ID: %w", err)
 	}
 	return strings.TrimSpace(string(b)), nil
+}
+
+// Validate checks what the plugin relies on when it acts on a loaded
+// state: every claim is there (a JSON null is not a claim), is recorded
+// under its own UID, has a known state, and every device has a known kind,
+// and a MIG device its instance record. Decode refuses a file whose state
+// does not validate, as corrupt.
+func (d *Data) Validate() error {
+	var errs []error
+	for uid, c := range d.Claims {
+		if c == nil {
+			errs = append(errs, fmt.Errorf("claim %q: no record", uid))
+			continue
+		}
+		if c.UID != uid {
+			errs = append(errs, fmt.Errorf("claim %q: recorded with uid %q", uid, c.UID))
+		}
+		if c.State != PrepareStarted && c.State != PrepareCompleted {
+			errs = append(errs, fmt.Errorf("claim %q: unknown state %q", uid, c.State))
+		}
+		for i, dev := range c.Devices {
+			switch {
+			case dev.Kind != KindGPU && dev.Kind != KindMIG && dev.Kind != KindShared:
+				errs = append(errs, fmt.Errorf("claim %q: device %d: unknown kind %q", uid, i, dev.Kind))
+			case dev.Kind == KindMIG && dev.MIG == nil:
+				errs = append(errs, fmt.Errorf("claim %q: device %d: MIG device without its instance record", uid, i))
+			}
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"strconv"
 	"strings"
 
@@ -97,6 +98,10 @@ func decodeV2(raw []byte) (Data, error) {
 	}
 	out := NewData()
 	for uid, c := range v2.Claims {
+		if c == nil {
+			// A JSON null: no record to convert (Validate says so for v3).
+			return Data{}, fmt.Errorf("claim %q: no record", uid)
+		}
 		nc := &Claim{UID: c.UID, Namespace: c.Namespace, Name: c.Name, State: c.State}
 		for _, d := range c.Devices {
 			nd := Device{Requests: d.Requests, Pool: d.Pool, Device: d.Device, ShareID: d.ShareID, AdminAccess: d.AdminAccess,
@@ -171,6 +176,10 @@ func decodeV1(raw []byte, bootID string) (Data, error) {
 	}
 	out := NewData()
 	for uid, c := range v1.Claims {
+		if c == nil {
+			// A JSON null: no record to convert (Validate says so for v3).
+			return Data{}, fmt.Errorf("claim %q: no record", uid)
+		}
 		nc := &Claim{UID: c.UID, Namespace: c.Namespace, Name: c.Name, State: c.State}
 		for _, d := range c.Devices {
 			nd := Device{Requests: d.Requests, Pool: d.Pool, Device: d.Device, ShareID: d.ShareID, AdminAccess: d.AdminAccess,

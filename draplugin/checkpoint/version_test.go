@@ -15,7 +15,7 @@ import (
 // every fixture decodes, re-encodes as the current version and decodes to
 // the same state again.
 
-func fixture(t *testing.T, name string) []byte {
+func fixture(t testing.TB, name string) []byte {
 	t.Helper()
 	raw, err := os.ReadFile(filepath.Join("testdata", name))
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/klog/v2/ktesting"
+	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-gpu/tessera/nodeagent/discovery"
 	"github.com/tessera-gpu/tessera/nodeagent/nvmlbackend"
@@ -206,25 +207,80 @@ func TestApplyUndoesAFailedLayout(t *testing.T) {
 
 // FuzzParse: any input gives a config or an error, never a panic, and a
 // config that parses resolves against a real GPU layout without panicking.
+// FuzzParse: any partition config is accepted or refused with an error,
+// never a panic; an accepted one encodes and parses back to the same
+// config, and resolves on a node (two H100s, and an A100 beside them for
+// product rules) to a plan with one known mode per GPU and MIG layouts that
+// fit the GPU without overlapping, or to an error naming the entry. Seeds:
+// testdata/fuzz/FuzzParse (the chart's and the docs' configs, bad ones).
 func FuzzParse(f *testing.F) {
-	f.Add([]byte("default: {gpus: [{mode: dynamicMIG, profiles: [1g.10gb]}]}"))
-	f.Add([]byte("nodes: [{nodeSelector: {matchLabels: {a: b}}, gpus: [{mode: staticMIG, layout: [{profile: 3g.40gb, start: 4}]}]}]"))
-	f.Add([]byte("default: {gpus: [{mode: shared, shared: {reservedMemory: 1Gi, memoryStep: 1Mi}}]}"))
-	lib, err := nvmlbackend.Open("mock:dgxh100?gpus=2")
-	if err != nil {
-		f.Fatal(err)
-	}
-	node, err := discovery.Discover(context.Background(), lib)
-	if err != nil {
-		f.Fatal(err)
+	var nodes []*discovery.Node
+	for _, spec := range []string{"mock:dgxh100?gpus=2", "mock:dgxa100?gpus=1"} {
+		lib, err := nvmlbackend.Open(spec)
+		if err != nil {
+			f.Fatal(err)
+		}
+		node, err := discovery.Discover(context.Background(), lib)
+		if err != nil {
+			f.Fatal(err)
+		}
+		nodes = append(nodes, node)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg, err := partition.Parse(data)
 		if err != nil {
+			if cfg != nil {
+				t.Fatalf("config returned with error %v", err)
+			}
 			return
 		}
-		_, _ = partition.Resolve(cfg, map[string]string{"a": "b"}, node)
+		out, err := yaml.Marshal(cfg)
+		if err != nil {
+			t.Fatalf("encode accepted config: %v", err)
+		}
+		again, err := partition.Parse(out)
+		if err != nil {
+			t.Fatalf("accepted config refused after a round trip: %v\n%s", err, out)
+		}
+		if out2, _ := yaml.Marshal(again); string(out2) != string(out) {
+			t.Fatalf("round trip changed the config:\n%s\n%s", out, out2)
+		}
+		for _, node := range nodes {
+			for _, labels := range []map[string]string{nil, {"a": "b"}, {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}} {
+				plan, err := partition.Resolve(cfg, labels, node)
+				if err != nil {
+					if plan != nil || !strings.Contains(err.Error(), "partition config entry") {
+						t.Fatalf("resolve: plan %v with error %v", plan, err)
+					}
+					continue
+				}
+				checkPlan(t, plan, node)
+			}
+		}
 	})
+}
+
+func checkPlan(t *testing.T, plan *partition.Plan, node *discovery.Node) {
+	t.Helper()
+	if len(plan.GPUs) != len(node.GPUs) {
+		t.Fatalf("plan for %d GPUs on a node of %d", len(plan.GPUs), len(node.GPUs))
+	}
+	for i, gp := range plan.GPUs {
+		g := node.GPUs[i]
+		if gp.Index != g.Index || gp.UUID != g.UUID || !gp.Mode.Valid() {
+			t.Fatalf("GPU %d planned as %+v", i, gp)
+		}
+		for a, s := range gp.Layout {
+			if s.Placement.Start < 0 || s.Placement.Size < 1 {
+				t.Fatalf("GPU %d: slot %+v", i, s)
+			}
+			for _, o := range gp.Layout[a+1:] {
+				if s.Placement.Overlaps(o.Placement) {
+					t.Fatalf("GPU %d: slots %+v and %+v overlap", i, s, o)
+				}
+			}
+		}
+	}
 }
 
 // devicePlugin GPUs keep their MIG mode: the device plugin serves whatever

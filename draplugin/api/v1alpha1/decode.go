@@ -47,6 +47,9 @@ func Decode(data []byte) (Config, error) {
 		}
 		strictErrs, err := kjson.UnmarshalStrict(data, cfg)
 		if err != nil {
+			if fe := badQuantity(data, tesseraQuantities); fe != nil {
+				return nil, fmt.Errorf("invalid %s: %w", tm.Kind, fe)
+			}
 			return nil, fmt.Errorf("decode %s: %w", tm.Kind, err)
 		}
 		if len(strictErrs) > 0 {
@@ -60,17 +63,21 @@ func Decode(data []byte) (Config, error) {
 	default:
 		return nil, field.NotSupported(field.NewPath("apiVersion"), tm.APIVersion, []string{SchemeGroupVersion.String(), NVIDIAGroupVersion})
 	}
+	var errs field.ErrorList
 	switch c := cfg.(type) {
 	case *GpuConfig:
 		c.Default()
-		if errs := c.Validate(); len(errs) > 0 {
-			return nil, fmt.Errorf("invalid %s: %w", tm.Kind, errs.ToAggregate())
-		}
+		errs = c.Validate()
 	case *MigDeviceConfig:
 		c.Default()
-		if errs := c.Validate(); len(errs) > 0 {
-			return nil, fmt.Errorf("invalid %s: %w", tm.Kind, errs.ToAggregate())
+		errs = c.Validate()
+	}
+	if len(errs) > 0 {
+		if tm.APIVersion == NVIDIAGroupVersion {
+			// Name the fields the author wrote, not tessera's.
+			return nil, fmt.Errorf("invalid %s %s: %w", NVIDIAGroupVersion, tm.Kind, toNVIDIAPaths(errs).ToAggregate())
 		}
+		return nil, fmt.Errorf("invalid %s: %w", tm.Kind, errs.ToAggregate())
 	}
 	return cfg, nil
 }

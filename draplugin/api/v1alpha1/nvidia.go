@@ -66,6 +66,9 @@ func decodeNVIDIA(kind string, data []byte) (Config, error) {
 	}
 	strictErrs, err := kjson.UnmarshalStrict(data, into)
 	if err != nil {
+		if fe := badQuantity(data, nvidiaQuantities); fe != nil {
+			return nil, fmt.Errorf("invalid %s %s: %w", NVIDIAGroupVersion, kind, fe)
+		}
 		return nil, fmt.Errorf("decode %s %s: %w", NVIDIAGroupVersion, kind, err)
 	}
 	if len(strictErrs) > 0 {
