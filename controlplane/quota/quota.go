@@ -62,7 +62,10 @@ type Node struct {
 	// Invalid is set when the queue cannot admit: a parent loop or a missing parent.
 	Invalid       string
 	InvalidReason string
-	lim           limits
+	// FairShare is what the queue deserves now (ComputeFairShare).
+	FairShare Usage
+	lim       limits
+	effWeight map[string]float64
 }
 
 // Tree is the queue hierarchy of one cycle.
@@ -75,7 +78,7 @@ type Tree struct {
 func Build(queues []*v1alpha1.Queue) *Tree {
 	t := &Tree{nodes: make(map[string]*Node, len(queues))}
 	for _, q := range queues {
-		t.nodes[q.Name] = &Node{Queue: q, Allocated: Usage{}, Requested: Usage{}, lim: limitsOf(q)}
+		t.nodes[q.Name] = &Node{Queue: q, Allocated: Usage{}, Requested: Usage{}, FairShare: Usage{}, lim: limitsOf(q)}
 	}
 	for _, n := range t.nodes {
 		if p := n.Queue.Spec.Parent; p != "" {
@@ -259,7 +262,9 @@ func (t *Tree) RankOf(queue string, u Usage) Rank {
 		if u[r] == 0 {
 			continue
 		}
-		w := n.lim.weight[r]
+		// The weight as past usage leaves it (ComputeFairShare; the configured weight
+		// without usage history).
+		w := n.EffectiveWeight(r)
 		over := n.Allocated[r] - n.lim.quota[r]
 		share := math.Inf(1)
 		if w > 0 {
