@@ -60,9 +60,18 @@ func TestIdleCapacitySharedByWeight(t *testing.T) {
 	e.startScheduler(defaultOptions())
 	waitQueueGPU(t, e, qa, "6")
 	waitQueueGPU(t, e, qb, "10")
-	if n := e.boundCount(all); n != 16 {
+	// The queues' status is written when the gangs are admitted; the bindings follow it, so
+	// wait for them rather than count once (on a loaded machine they lag by a cycle).
+	var n int
+	err := wait.PollUntilContextTimeout(e.ctx, 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		n = e.boundCount(all)
+		return n >= 16, nil
+	})
+	if err != nil || n != 16 {
 		t.Fatalf("%d pods bound, want 16", n)
 	}
+	waitQueueGPU(t, e, qa, "6")
+	waitQueueGPU(t, e, qb, "10")
 }
 
 // TestFiftyGangsNeverExceedLimits submits 50 gangs at once into a queue hierarchy with limits
