@@ -17,6 +17,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
 	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -130,6 +131,11 @@ type Input struct {
 	// CapacityGen changes whenever capacity may have come back (a pod finished, a claim was
 	// released, a node, slice, class or queue changed); gangs in backoff are then retried.
 	CapacityGen uint64
+	// PriorityClasses by name: the label scheduling.tessera.dev/preemptible=false on a pod's
+	// class makes its gang non-preemptible. May be nil.
+	PriorityClasses map[string]*schedulingv1.PriorityClass
+	// Topologies order node-label levels for gangs' topology constraints. May be empty.
+	Topologies []*v1alpha1.Topology
 }
 
 // Memory is what decisions remember from cycle to cycle: backoffs, how long gangs have
@@ -200,6 +206,8 @@ type Decisions struct {
 	// SolveSeconds are the durations of the cycle's gang searches (measured for metrics
 	// only; no decision depends on them).
 	SolveSeconds []float64
+	// VictimSetsSimulated counts the victim sets preemption and reclaim simulated.
+	VictimSetsSimulated int
 	// Outcomes are every gang's reason and message this cycle (for logs and tests).
 	Outcomes map[string]Outcome
 }
@@ -364,6 +372,7 @@ func Decide(ctx context.Context, cfg Config, in Input, mem *Memory) *Decisions {
 	// by over-quota usage per weight). A gang that does not fit does not block the gangs
 	// behind it.
 	var reclaimFor *gangState
+	var preemptors []*gangState // gangs that did not fit, most important first
 	failedShapes := map[string]string{} // gang signature → why it did not fit
 	var reserved []*Placement           // volume reservations to release at the end
 	for len(byQueue) > 0 {
@@ -408,9 +417,23 @@ func Decide(ctx context.Context, cfg Config, in Input, mem *Memory) *Decisions {
 				reclaimFor = g
 			}
 		}
+		if (g.reason == v1alpha1.ReasonUnschedulable || g.reason == v1alpha1.ReasonQuotaExceeded) && !neverPreempts(g) {
+			preemptors = append(preemptors, g)
+		}
 	}
-	if reclaimFor != nil {
-		reclaim(ctx, cfg, in, d, mem, gangs, tree, reclaimFor)
+	// At most one eviction decision per cycle, and none while evicted pods still go away:
+	// first priority within the queue of the most important gang that did not fit, then
+	// quota reclaim across queues.
+	if (len(preemptors) > 0 || reclaimFor != nil) && !evictionsInFlight(cfg, in, mem) {
+		preempted := false
+		for _, g := range preemptors {
+			if preempted = preempt(ctx, cfg, in, d, mem, gangs, tree, g); preempted {
+				break
+			}
+		}
+		if !preempted && reclaimFor != nil {
+			reclaim(ctx, cfg, in, d, mem, gangs, tree, reclaimFor)
+		}
 	}
 	// Volume reservations made so that later gangs of this cycle do not pick the same
 	// PersistentVolumes are released: Decide leaves the volume binder as it found it. The
@@ -433,11 +456,6 @@ func Decide(ctx context.Context, cfg Config, in Input, mem *Memory) *Decisions {
 // reasonPodGroupNotFound: a pod names a PodGroup (annotation) that does not exist.
 const reasonPodGroupNotFound = "PodGroupNotFound"
 
-// neverPreempts: an upstream PodGroup with preemptionPolicy Never does not evict others.
-func neverPreempts(g *gangState) bool {
-	return g.Upstream != nil && g.Upstream.Spec.PreemptionPolicy != nil && *g.Upstream.Spec.PreemptionPolicy == schedulingv1beta1.PreemptNever
-}
-
 // warn emits a warning Event for a gang when its message changed since the last one.
 func warn(d *Decisions, mem *Memory, key string, obj runtime.Object, reason, msg string) {
 	if mem.warned[key] == reason+": "+msg {
@@ -458,17 +476,32 @@ func place(ctx context.Context, cfg Config, in Input, d *Decisions, mem *Memory,
 	d.SolveSeconds = append(d.SolveSeconds, time.Since(start).Seconds())
 	placed := g.pending
 	if solver.IsUnschedulable(err) && ctx.Err() == nil {
-		// Elastic gang: more pods than minMember. When not all fit, place just enough to
-		// reach minMember (at least one), the rest later, as capacity allows.
+		// Elastic gang: more pods than minMember. When not all fit, place as many as fit
+		// (at least enough to reach minMember, at least one), the rest later as capacity
+		// comes back: the most pods for which a placement exists, found by bisection (a
+		// subset of pods that fits stays fitting with fewer of them).
 		if need := max(1, int(g.pg.Spec.MinMember)-len(g.bound)); need < len(g.pending) {
-			sub := *g.gang
-			sub.Pods = append([]solver.Pod(nil), g.gang.Pods...)
-			sort.Slice(sub.Pods, func(i, j int) bool { return sub.Pods[i].Pod.Name < sub.Pods[j].Pod.Name })
-			sub.Pods = sub.Pods[:need]
-			if r, subErr := cfg.Solver.Solve(ctx, snap, &sub); subErr == nil {
-				res, err = r, nil
+			pods := append([]solver.Pod(nil), g.gang.Pods...)
+			sort.Slice(pods, func(i, j int) bool { return pods[i].Pod.Name < pods[j].Pod.Name })
+			try := func(k int) (*solver.Result, bool) {
+				sub := *g.gang
+				sub.Pods = pods[:k]
+				r, subErr := cfg.Solver.Solve(ctx, snap, &sub)
+				return r, subErr == nil
+			}
+			if r, ok := try(need); ok {
+				best, lo, hi := r, need, len(pods)-1 // lo fits; all of them did not
+				for lo < hi && ctx.Err() == nil {
+					mid := (lo + hi + 1) / 2
+					if r, ok := try(mid); ok {
+						best, lo = r, mid
+					} else {
+						hi = mid - 1
+					}
+				}
+				res, err = best, nil
 				placed = nil
-				for _, p := range sub.Pods {
+				for _, p := range pods[:lo] {
 					placed = append(placed, p.Pod)
 				}
 			}
@@ -494,7 +527,12 @@ func place(ctx context.Context, cfg Config, in Input, d *Decisions, mem *Memory,
 		usage[v1alpha1.ResourceCPU] += req.Cpu().AsApproximateFloat64()
 		usage[v1alpha1.ResourceMemory] += req.Memory().AsApproximateFloat64()
 	}
-	if ok, why := tree.Admit(g.pg.Spec.Queue, usage); !ok {
+	admit := tree.Admit
+	if !preemptible(in, g) {
+		// Nobody can take it back: a non-preemptible gang runs only within its quota.
+		admit = tree.AdmitWithinQuota
+	}
+	if ok, why := admit(g.pg.Spec.Queue, usage); !ok {
 		fail(cfg, d, mem, in, g, v1alpha1.ReasonQuotaExceeded, why)
 		return nil
 	}

@@ -31,20 +31,6 @@ const (
 // are chosen.
 func reclaim(ctx context.Context, cfg Config, in Input, d *Decisions, mem *Memory, gangs []*gangState, tree *quota.Tree, g *gangState) {
 	logger := klog.FromContext(ctx)
-	if len(mem.evicting) > 0 {
-		live := map[types.UID]bool{}
-		for _, p := range in.Raw.Pods {
-			live[p.UID] = true
-		}
-		for uid, at := range mem.evicting {
-			if !live[uid] || in.Now.Sub(at) > cfg.EvictionWait {
-				delete(mem.evicting, uid)
-			}
-		}
-	}
-	if len(mem.evicting) > 0 {
-		return
-	}
 	counted := map[types.UID]bool{}
 	base := snapshot.New(in.Raw, cfg.Snapshot)
 	type victim struct {
@@ -54,7 +40,7 @@ func reclaim(ctx context.Context, cfg Config, in Input, d *Decisions, mem *Memor
 	}
 	var victims []victim
 	for _, b := range gangs {
-		if b == g || b.pg == nil || len(b.Bound) == 0 || b.pg.Spec.Queue == "" || b.pg.Spec.Queue == g.pg.Spec.Queue {
+		if b == g || b.pg == nil || len(b.Bound) == 0 || b.pg.Spec.Queue == "" || b.pg.Spec.Queue == g.pg.Spec.Queue || !preemptible(in, b) {
 			continue
 		}
 		n := tree.Get(b.pg.Spec.Queue)
@@ -109,6 +95,7 @@ func reclaim(ctx context.Context, cfg Config, in Input, d *Decisions, mem *Memor
 		if tries++; tries > cfg.MaxReclaimTries {
 			break
 		}
+		d.VictimSetsSimulated++
 		snap := snapshot.New(without(in.Raw, evict), cfg.Snapshot)
 		if _, err := cfg.Solver.Solve(ctx, snap, g.gang); err != nil {
 			continue
