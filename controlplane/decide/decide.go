@@ -372,7 +372,7 @@ func Decide(ctx context.Context, cfg Config, in Input, mem *Memory) *Decisions {
 	// by over-quota usage per weight). A gang that does not fit does not block the gangs
 	// behind it.
 	var reclaimFor *gangState
-	var preemptors []*gangState // gangs that did not fit, most important first
+	var preemptors []*gangState         // gangs that did not fit, most important first
 	failedShapes := map[string]string{} // gang signature → why it did not fit
 	var reserved []*Placement           // volume reservations to release at the end
 	for len(byQueue) > 0 {
