@@ -105,6 +105,9 @@ type Scheduler struct {
 	podInf    cache.SharedIndexInformer
 	queueInf  cache.SharedIndexInformer
 	pgInf     cache.SharedIndexInformer
+	// topoInf: Topologies (ordered node-label levels); pcInf: PriorityClasses (their
+	// preemptible label).
+	topoInf, pcInf cache.SharedIndexInformer
 	informers []cache.SharedIndexInformer
 	// upstream is the informer of scheduling.k8s.io/v1beta1 PodGroups, when served.
 	upstream cache.SharedIndexInformer
@@ -207,8 +210,10 @@ func New(cfg *rest.Config, opts Options) (*Scheduler, error) {
 	}}
 	s.queueInf = cache.NewSharedIndexInformer(sc.QueueListWatch(), &v1alpha1.Queue{}, 0, cache.Indexers{})
 	s.pgInf = cache.NewSharedIndexInformer(sc.PodGroupListWatch(), &v1alpha1.PodGroup{}, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	s.topoInf = cache.NewSharedIndexInformer(sc.TopologyListWatch(), &v1alpha1.Topology{}, 0, cache.Indexers{})
+	s.pcInf = s.factory.Scheduling().V1().PriorityClasses().Informer()
 	s.informers = []cache.SharedIndexInformer{
-		s.podInf, nsInf,
+		s.podInf, nsInf, s.pcInf, s.topoInf,
 		s.factory.Core().V1().Nodes().Informer(),
 		s.factory.Resource().V1().ResourceSlices().Informer(),
 		s.factory.Resource().V1().ResourceClaims().Informer(),
@@ -345,7 +350,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	defer stopInformers()
 	s.factory.Start(infCtx.Done())
 	defer s.factory.Shutdown()
-	for _, inf := range []cache.SharedIndexInformer{s.queueInf, s.pgInf} {
+	for _, inf := range []cache.SharedIndexInformer{s.queueInf, s.pgInf, s.topoInf} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
