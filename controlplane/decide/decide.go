@@ -50,6 +50,9 @@ type Config struct {
 	MinBackoff, MaxBackoff time.Duration
 	// MaxReclaimTries bounds the victim sets simulated for one gang per cycle. Default 8.
 	MaxReclaimTries int
+	// UsageWeight says how much a queue's past usage (status.usage) lowers its over-quota
+	// share (quota.FairShareConfig.K, like KAI Scheduler's kValue). 0 ignores it.
+	UsageWeight float64
 	// EvictionWait is how long a reclaim waits for its evicted pods before it may choose more
 	// victims. Default 2 minutes.
 	EvictionWait time.Duration
@@ -355,6 +358,8 @@ func Decide(ctx context.Context, cfg Config, in Input, mem *Memory) *Decisions {
 		}
 		byQueue[g.pg.Spec.Queue] = append(byQueue[g.pg.Spec.Queue], g)
 	}
+	// Fair shares from this cycle's allocations and demand: what reclaim gives back.
+	tree.ComputeFairShare(quota.FairShareConfig{Capacity: capacity(snap), K: cfg.UsageWeight, Usage: usageHistory(in.Queues)})
 	for _, list := range byQueue {
 		sort.SliceStable(list, func(i, j int) bool {
 			a, b := list[i].pg, list[j].pg
@@ -413,7 +418,7 @@ func Decide(ctx context.Context, cfg Config, in Input, mem *Memory) *Decisions {
 			// Gangs of the same shape get the same message, so that a gang's message does not
 			// depend on whether it or another was searched this cycle.
 			failedShapes[sig] = g.message
-			if reclaimFor == nil && !bestRank.Borrowing && !neverPreempts(g) {
+			if reclaimFor == nil && (!bestRank.Borrowing || belowFairShare(tree, g)) && !neverPreempts(g) {
 				reclaimFor = g
 			}
 		}
@@ -455,6 +460,51 @@ func Decide(ctx context.Context, cfg Config, in Input, mem *Memory) *Decisions {
 
 // reasonPodGroupNotFound: a pod names a PodGroup (annotation) that does not exist.
 const reasonPodGroupNotFound = "PodGroupNotFound"
+
+// capacity is the cluster's GPU units, CPU cores and memory bytes: what the root queues'
+// fair shares divide.
+func capacity(snap *snapshot.Snapshot) quota.Usage {
+	c := quota.Usage{}
+	for _, ni := range snap.Nodes {
+		c[v1alpha1.ResourceGPU] += ni.GPUTotal
+		c[v1alpha1.ResourceCPU] += ni.Node.Status.Allocatable.Cpu().AsApproximateFloat64()
+		c[v1alpha1.ResourceMemory] += ni.Node.Status.Allocatable.Memory().AsApproximateFloat64()
+	}
+	return c
+}
+
+// usageHistory is each queue's past usage as its status keeps it (fractions of capacity).
+func usageHistory(queues []*v1alpha1.Queue) map[string]quota.Usage {
+	out := map[string]quota.Usage{}
+	for _, q := range queues {
+		if q.Status.Usage == nil {
+			continue
+		}
+		u := quota.Usage{}
+		for r, v := range q.Status.Usage.Average {
+			u[r] = v.AsApproximateFloat64()
+		}
+		out[q.Name] = u
+	}
+	return out
+}
+
+// belowFairShare: the gang's queue stays within its fair share with the gang (for each
+// resource the gang needs). Its ancestors are checked by reclaim, up to the level where the
+// paths of the reclaimer and a victim part (a shared ancestor is full either way).
+func belowFairShare(tree *quota.Tree, g *gangState) bool {
+	n := tree.Get(g.pg.Spec.Queue)
+	if n == nil {
+		return false
+	}
+	var rs []string
+	for _, r := range quota.Resources {
+		if g.estimate[r] > 0 {
+			rs = append(rs, r)
+		}
+	}
+	return len(rs) > 0 && withinShare(n, g.estimate, rs)
+}
 
 // warn emits a warning Event for a gang when its message changed since the last one.
 func warn(d *Decisions, mem *Memory, key string, obj runtime.Object, reason, msg string) {

@@ -94,9 +94,11 @@ func units(base *snapshot.Snapshot, g *gangState) []victimUnit {
 	return append(out, victimUnit{g: g, pods: bound, usage: usage(bound)})
 }
 
-// evictionsInFlight forgets evicted pods that are gone (or waited for longer than
-// EvictionWait) and reports whether some are still going away: then no new victims are chosen,
-// so that one eviction's capacity is not counted twice.
+// evictionsInFlight forgets evicted pods that are gone and whose claims are released (or that
+// were waited for longer than EvictionWait) and reports whether some are still going away:
+// then no new victims are chosen, so that one eviction's capacity is not counted twice. A
+// deleted pod's devices stay allocated until the claim controller releases its claims; until
+// then the gang it was evicted for still does not fit.
 func evictionsInFlight(cfg Config, in Input, mem *Memory) bool {
 	if len(mem.evicting) == 0 {
 		return false
@@ -104,6 +106,13 @@ func evictionsInFlight(cfg Config, in Input, mem *Memory) bool {
 	live := map[types.UID]bool{}
 	for _, p := range in.Raw.Pods {
 		live[p.UID] = true
+	}
+	for _, c := range in.Raw.Claims {
+		if c.Status.Allocation != nil {
+			for _, r := range c.Status.ReservedFor {
+				live[r.UID] = true
+			}
+		}
 	}
 	for uid, at := range mem.evicting {
 		if !live[uid] || in.Now.Sub(at) > cfg.EvictionWait {

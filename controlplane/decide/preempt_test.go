@@ -208,3 +208,60 @@ func TestElasticGangPlacesAsManyAsFit(t *testing.T) {
 		t.Fatalf("after capacity came back the elastic gang has %d pods bound, want 8", got)
 	}
 }
+
+// The hierarchical reclaim: siblings A and B under P (quota 0 each, weight 1:1) on 32
+// GPUs. A holds all 32 in 4-GPU gangs (and its workloads recreate evicted pods, so it keeps
+// wanting 32); B submits 16 GPUs of demand. Within a few cycles B reaches its fair share of
+// 16 (±4) by eviction of A's newest whole gangs, and it then stays there: A is never taken
+// below its own fair share.
+func TestReclaimToFairShareBetweenSiblings(t *testing.T) {
+	s := newSim(t)
+	for i := range 4 {
+		s.node(string(rune('a'+i)), 8)
+	}
+	s.queue("p", "", "", "", 1)
+	s.queue("qa", "p", "0", "", 1)
+	s.queue("qb", "p", "0", "", 1)
+	for i := range 8 {
+		s.gang("a"+string(rune('0'+i)), "qa", 4, 1)
+	}
+	s.cycle(time.Second)
+	if got := s.boundGPUs()["qa"]; got != 32 {
+		t.Fatalf("setup: qa holds %d GPUs, want 32", got)
+	}
+	for i := range 4 {
+		s.gang("b"+string(rune('0'+i)), "qb", 4, 1)
+	}
+	evictedOf := map[string]bool{}
+	var history []map[string]int64
+	for range 12 {
+		d := s.cycle(time.Second)
+		for _, p := range d.Evictions {
+			group := p.Annotations[v1alpha1.PodGroupAnnotation]
+			evictedOf[group] = true
+			// The workload recreates the pod (a new UID): qa keeps its demand.
+			s.pod(group, p.Name, 1)
+			np := s.pods["ns/"+p.Name]
+			np.UID = np.UID + "-again"
+		}
+		history = append(history, s.boundGPUs())
+	}
+	got := s.boundGPUs()
+	t.Logf("allocation per cycle: %v", history)
+	if got["qb"] < 12 || got["qb"] > 20 || got["qa"] < 12 {
+		t.Fatalf("after reclaim: %v (history %v), want qb at 16±4 and qa at its share", got, history)
+	}
+	// Whole gangs, the newest first: a7 and a6 (then, at most, a5) went; a0..a3 never.
+	for _, g := range []string{"a0", "a1", "a2", "a3"} {
+		if evictedOf[g] {
+			t.Errorf("old gang %s evicted (evicted: %v)", g, evictedOf)
+		}
+	}
+	if !evictedOf["a7"] || !evictedOf["a6"] {
+		t.Errorf("the newest gangs a7 and a6 were not the ones evicted: %v", evictedOf)
+	}
+	// Stable: the last cycles evicted nothing more.
+	if last := history[len(history)-1]; last["qb"] != history[len(history)-3]["qb"] {
+		t.Errorf("still moving at the end: %v", history)
+	}
+}

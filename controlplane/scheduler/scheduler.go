@@ -101,14 +101,14 @@ type Scheduler struct {
 	sched  *client.Client
 	mapper *mapper.Mapper
 
-	factory   informers.SharedInformerFactory
-	podInf    cache.SharedIndexInformer
-	queueInf  cache.SharedIndexInformer
-	pgInf     cache.SharedIndexInformer
+	factory  informers.SharedInformerFactory
+	podInf   cache.SharedIndexInformer
+	queueInf cache.SharedIndexInformer
+	pgInf    cache.SharedIndexInformer
 	// topoInf: Topologies (ordered node-label levels); pcInf: PriorityClasses (their
 	// preemptible label).
 	topoInf, pcInf cache.SharedIndexInformer
-	informers []cache.SharedIndexInformer
+	informers      []cache.SharedIndexInformer
 	// upstream is the informer of scheduling.k8s.io/v1beta1 PodGroups, when served.
 	upstream cache.SharedIndexInformer
 	// slices lists ResourceSlices with DeviceTaintRules applied (when served).
