@@ -33,6 +33,8 @@ type options struct {
 	retryPeriod        time.Duration
 	probeNamespace     string
 	starvation         time.Duration
+	usageHalfLife      time.Duration
+	usageWeight        float64
 	formation          time.Duration
 	volumeBind         time.Duration
 	jointSteps         int64
@@ -59,6 +61,8 @@ func newOptions() *options {
 		retryPeriod:        2 * time.Second,
 		probeNamespace:     "default",
 		starvation:         5 * time.Minute,
+		usageHalfLife:      time.Hour,
+		usageWeight:        1,
 		formation:          2 * time.Minute,
 		volumeBind:         10 * time.Minute,
 		jointSteps:         10000,
@@ -93,6 +97,8 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.leaseDuration, "leader-elect-lease-duration", o.leaseDuration, "Lease duration.")
 	fs.DurationVar(&o.renewDeadline, "leader-elect-renew-deadline", o.renewDeadline, "Renew deadline of the leader.")
 	fs.DurationVar(&o.retryPeriod, "leader-elect-retry-period", o.retryPeriod, "Retry period of the candidates.")
+	fs.DurationVar(&o.usageHalfLife, "usage-half-life", o.usageHalfLife, "Half-life of each queue's usage history (status.usage, kept across restarts); 0 keeps none.")
+	fs.Float64Var(&o.usageWeight, "usage-weight", o.usageWeight, "How much past usage lowers a queue's over-quota share (like KAI Scheduler's kValue); 0 ignores it.")
 	fs.DurationVar(&o.starvation, "starvation-timeout", o.starvation, "A gang beyond its queue's quota that has not fit for this long (and would fit the empty cluster) holds back other such gangs until it is placed; negative disables.")
 	fs.DurationVar(&o.formation, "gang-formation-timeout", o.formation, "A gang with fewer pods than minMember for this long says so: its PodGroup condition names the workload and how many pods it waits for, an Event is emitted and its pods get PodScheduled=False; negative disables.")
 	fs.DurationVar(&o.volumeBind, "volume-bind-timeout", o.volumeBind, "How long a commit waits for the PV controller to bind a gang's WaitForFirstConsumer volumes before it fails and is undone.")
@@ -124,6 +130,10 @@ func (o *options) validate() error {
 		return fmt.Errorf("--max-steps must be positive, got %d", o.maxSteps)
 	case o.volumeBind <= 0:
 		return fmt.Errorf("--volume-bind-timeout must be positive, got %s", o.volumeBind)
+	case o.usageHalfLife < 0:
+		return fmt.Errorf("--usage-half-life must not be negative, got %s", o.usageHalfLife)
+	case o.usageWeight < 0:
+		return fmt.Errorf("--usage-weight must not be negative, got %g", o.usageWeight)
 	case o.parallelism <= 0:
 		return fmt.Errorf("--parallelism must be positive, got %d", o.parallelism)
 	case o.leaderElect && o.leaseDuration <= o.renewDeadline:

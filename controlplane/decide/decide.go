@@ -53,6 +53,11 @@ type Config struct {
 	// UsageWeight says how much a queue's past usage (status.usage) lowers its over-quota
 	// share (quota.FairShareConfig.K, like KAI Scheduler's kValue). 0 ignores it.
 	UsageWeight float64
+	// UsageHalfLife is the half-life of each queue's usage history (status.usage); 0 keeps
+	// none.
+	UsageHalfLife time.Duration
+	// UsagePeriod is how often the usage history is moved on. Default 1 minute.
+	UsagePeriod time.Duration
 	// EvictionWait is how long a reclaim waits for its evicted pods before it may choose more
 	// victims. Default 2 minutes.
 	EvictionWait time.Duration
@@ -73,6 +78,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxReclaimTries <= 0 {
 		c.MaxReclaimTries = 8
+	}
+	if c.UsagePeriod <= 0 {
+		c.UsagePeriod = time.Minute
 	}
 	if c.EvictionWait <= 0 {
 		c.EvictionWait = 2 * time.Minute
@@ -453,7 +461,7 @@ func Decide(ctx context.Context, cfg Config, in Input, mem *Memory) *Decisions {
 		d.Outcomes[g.Key] = Outcome{Reason: g.reason, Message: g.message}
 		desiredStatus(in, d, mem, g)
 	}
-	queueStatuses(d, tree, metav1.NewTime(in.Now))
+	queueStatuses(cfg, d, tree, capacity(snap), metav1.NewTime(in.Now))
 	logger.V(3).Info("Decided", "gangs", len(gangs), "placed", len(d.Placements), "pending", d.Pending)
 	return d
 }

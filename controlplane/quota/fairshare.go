@@ -36,6 +36,7 @@ func (t *Tree) ComputeFairShare(cfg FairShareConfig) {
 	for _, n := range t.Nodes() {
 		n.FairShare = Usage{}
 		n.effWeight = map[string]float64{}
+		n.past = cfg.Usage[n.Queue.Name]
 		if n.Parent == nil && n.Invalid == "" {
 			roots = append(roots, n)
 		}

@@ -66,6 +66,8 @@ type Node struct {
 	FairShare Usage
 	lim       limits
 	effWeight map[string]float64
+	// past is the queue's past usage (fractions of capacity; ComputeFairShare).
+	past Usage
 }
 
 // Tree is the queue hierarchy of one cycle.
@@ -215,7 +217,12 @@ func (t *Tree) Admit(queue string, u Usage) (bool, string) {
 type Rank struct {
 	Borrowing bool
 	Share     float64
-	Priority  int32
+	// Past is the leaf's past usage of the resource that ranks it (fraction of capacity):
+	// between equal shares, the queue that used less recently goes first, so that two
+	// queues that each want the whole cluster take turns instead of the first by name
+	// keeping it.
+	Past     float64
+	Priority int32
 }
 
 // Less orders ranks.
@@ -225,6 +232,9 @@ func (r Rank) Less(o Rank) bool {
 	}
 	if r.Share != o.Share {
 		return r.Share < o.Share
+	}
+	if r.Past != o.Past {
+		return r.Past < o.Past
 	}
 	return r.Priority > o.Priority
 }
@@ -272,10 +282,12 @@ func (t *Tree) RankOf(queue string, u Usage) Rank {
 			share = over / w
 		}
 		if r == v1alpha1.ResourceGPU {
-			rank.Share = share
+			rank.Share, rank.Past = share, n.past[r]
 			return rank
 		}
-		rank.Share = max(rank.Share, share)
+		if share >= rank.Share {
+			rank.Share, rank.Past = share, n.past[r]
+		}
 	}
 	return rank
 }

@@ -86,6 +86,10 @@ type Options struct {
 	// condition names the workload and what is missing, an Event, pod conditions). Zero
 	// means 2 minutes; negative disables.
 	FormationTimeout time.Duration
+	// UsageHalfLife is the half-life of the queues' usage history (decide.Config); 0 keeps
+	// none. UsageWeight is how much it lowers a queue's over-quota share.
+	UsageHalfLife time.Duration
+	UsageWeight   float64
 	// VolumeBindTimeout bounds a commit's wait for the PV controller to bind a gang's
 	// volumes. Zero means 10 minutes (the kube-scheduler's default).
 	VolumeBindTimeout time.Duration
@@ -385,6 +389,8 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		Snapshot:          s.snapshotConfig(),
 		StarvationTimeout: s.opts.StarvationTimeout,
 		FormationTimeout:  s.opts.FormationTimeout,
+		UsageHalfLife:     s.opts.UsageHalfLife,
+		UsageWeight:       s.opts.UsageWeight,
 	}
 	wg.Add(1)
 	go func() {
