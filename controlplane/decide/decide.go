@@ -283,6 +283,7 @@ type gangState struct {
 	gang            *solver.Gang
 	estimate        quota.Usage
 	placed          int // pods placed this cycle
+	position        *v1alpha1.QueuePosition
 	formationDue    bool
 }
 
@@ -457,6 +458,7 @@ func Decide(ctx context.Context, cfg Config, in Input, mem *Memory) *Decisions {
 		}
 	}
 
+	queuePositions(tree, gangs)
 	for _, g := range gangs {
 		d.Outcomes[g.Key] = Outcome{Reason: g.reason, Message: g.message}
 		desiredStatus(in, d, mem, g)
@@ -468,6 +470,55 @@ func Decide(ctx context.Context, cfg Config, in Input, mem *Memory) *Decisions {
 
 // reasonPodGroupNotFound: a pod names a PodGroup (annotation) that does not exist.
 const reasonPodGroupNotFound = "PodGroupNotFound"
+
+// queuePositions numbers the gangs that wait with everything they need (members, claims, a
+// queue) in the order the scheduler tries them: in their queue by priority, then age; overall
+// by the rank their queue would have once the gangs ahead of them in it were placed (within
+// quota first, then borrowers by over-quota usage per weight), so that queues take turns as
+// they do when capacity comes back.
+func queuePositions(tree *quota.Tree, gangs []*gangState) {
+	byQueue := map[string][]*gangState{}
+	for _, g := range gangs {
+		if g.gang != nil && len(g.pending) > 0 && g.pg != nil {
+			byQueue[g.pg.Spec.Queue] = append(byQueue[g.pg.Spec.Queue], g)
+		}
+	}
+	type entry struct {
+		g       *gangState
+		inQueue int
+		rank    quota.Rank
+	}
+	var all []entry
+	for q, list := range byQueue {
+		sort.SliceStable(list, func(i, j int) bool {
+			a, b := list[i].pg, list[j].pg
+			if a.Spec.Priority != b.Spec.Priority {
+				return a.Spec.Priority > b.Spec.Priority
+			}
+			if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
+				return a.CreationTimestamp.Before(&b.CreationTimestamp)
+			}
+			return list[i].Key < list[j].Key
+		})
+		ahead := quota.Usage{}
+		for i, g := range list {
+			ahead.Add(g.estimate)
+			all = append(all, entry{g: g, inQueue: i + 1, rank: tree.RankOf(q, ahead)})
+		}
+	}
+	sort.SliceStable(all, func(i, j int) bool {
+		if all[i].rank.Less(all[j].rank) != all[j].rank.Less(all[i].rank) {
+			return all[i].rank.Less(all[j].rank)
+		}
+		if all[i].inQueue != all[j].inQueue {
+			return all[i].inQueue < all[j].inQueue
+		}
+		return all[i].g.Key < all[j].g.Key
+	})
+	for i, e := range all {
+		e.g.position = &v1alpha1.QueuePosition{InQueue: int32(e.inQueue), Overall: int32(i + 1)}
+	}
+}
 
 // capacity is the cluster's GPU units, CPU cores and memory bytes: what the root queues'
 // fair shares divide.

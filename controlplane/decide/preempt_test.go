@@ -265,3 +265,43 @@ func TestReclaimToFairShareBetweenSiblings(t *testing.T) {
 		t.Errorf("still moving at the end: %v", history)
 	}
 }
+
+// Waiting gangs know where they stand: in their queue by priority then age, and overall;
+// a placed gang has no position.
+func TestQueuePositions(t *testing.T) {
+	s := newSim(t)
+	s.node("a", 8)
+	s.queue("q", "", "8", "", 1)
+	s.queue("r", "", "0", "", 1)
+	s.gang("run", "q", 8, 1, priority(10)) // above the waiting gangs: no preemption
+	s.cycle(time.Second)
+	s.gang("w1", "q", 8, 1)
+	s.gang("w2", "q", 8, 1, priority(5))
+	s.gang("w3", "q", 8, 1)
+	s.gang("r1", "r", 8, 1)
+	s.cycle(time.Second)
+	s.cycle(time.Second)
+	if p := s.pgs["ns/run"].Status.QueuePosition; p != nil {
+		t.Errorf("placed gang has position %+v", p)
+	}
+	overall := map[int32]string{}
+	for g, want := range map[string]int32{"w2": 1, "w1": 2, "w3": 3, "r1": 1} {
+		p := s.pgs["ns/"+g].Status.QueuePosition
+		if p == nil || p.InQueue != want {
+			t.Fatalf("%s: position %+v, want %d in its queue", g, p, want)
+		}
+		overall[p.Overall] = g
+	}
+	if len(overall) != 4 {
+		t.Fatalf("overall positions %v are not 1..4", overall)
+	}
+	var order []string
+	for i := int32(1); i <= 4; i++ {
+		if g := overall[i]; g != "r1" {
+			order = append(order, g)
+		}
+	}
+	if strings.Join(order, ",") != "w2,w1,w3" {
+		t.Fatalf("overall order of q's gangs %v, want w2,w1,w3", order)
+	}
+}
