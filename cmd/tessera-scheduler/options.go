@@ -82,7 +82,7 @@ func newOptions() *options {
 func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", o.kubeconfig, "Kubeconfig file; empty: $KUBECONFIG, else the in-cluster service account.")
 	fs.StringVar(&o.schedulerName, "scheduler-name", o.schedulerName, "spec.schedulerName of the pods this scheduler places.")
-	fs.StringSliceVar(&o.topologyKeys, "topology-keys", o.topologyKeys, "Node label keys whose values are topology domains (rack, NVLink domain), most specific first; a gang is kept in one domain when it fits.")
+	fs.StringSliceVar(&o.topologyKeys, "topology-keys", o.topologyKeys, "Node label keys whose values are topology domains (host group, rack, block), most specific first: the levels of a topology when no Topology object names them. A gang without a constraint stays in one domain of the first key when it fits, else in as few domains of each level as it can.")
 	fs.BoolVar(&o.spread, "spread", o.spread, "Prefer the emptiest nodes instead of packing GPUs onto the fullest.")
 	fs.IntVar(&o.maxTries, "max-tries", o.maxTries, "Search budget per gang: node evaluations before the gang is declared unplaceable this cycle.")
 	fs.DurationVar(&o.period, "period", o.period, "Time between scheduling cycles when no event triggers one.")
