@@ -140,7 +140,7 @@ func preempt(ctx context.Context, cfg Config, in Input, d *Decisions, mem *Memor
 	if len(lower) == 0 {
 		return false
 	}
-	base := snapshot.New(in.Raw, cfg.Snapshot)
+	base := in.Snapshot // for the victims' usage: their claims are as the cycle found them
 	var extras, wholes []victimUnit
 	for _, b := range lower {
 		for _, u := range units(base, b) {

@@ -34,7 +34,7 @@ const (
 // are evicted only once a simulation on the cluster without them shows that g then fits.
 func reclaim(ctx context.Context, cfg Config, in Input, d *Decisions, mem *Memory, gangs []*gangState, tree *quota.Tree, g *gangState) {
 	logger := klog.FromContext(ctx)
-	base := snapshot.New(in.Raw, cfg.Snapshot)
+	base := in.Snapshot // for the victims' usage: their claims are as the cycle found them
 	mine := tree.Get(g.pg.Spec.Queue)
 	if mine == nil {
 		return
