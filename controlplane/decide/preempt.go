@@ -185,12 +185,21 @@ func preempt(ctx context.Context, cfg Config, in Input, d *Decisions, mem *Memor
 			}
 			released.Add(u.usage)
 		}
-		// The queue's limits after the victims are gone.
-		need := quota.Usage{}
-		for r, v := range g.estimate {
-			need[r] = max(0, v-released[r])
+		// The queue's limits (and, for a non-preemptible gang, its quota: place admits it
+		// so) after the victims are gone: their usage is taken off the tree for the check
+		// and put back.
+		admit := tree.Admit
+		if !preemptible(in, g) {
+			admit = tree.AdmitWithinQuota
 		}
-		if ok, _ := tree.Admit(g.pg.Spec.Queue, need); !ok {
+		back := quota.Usage{}
+		for r, v := range released {
+			back[r] = -v
+		}
+		tree.Charge(g.pg.Spec.Queue, back)
+		ok, _ := admit(g.pg.Spec.Queue, g.estimate)
+		tree.Charge(g.pg.Spec.Queue, released)
+		if !ok {
 			return false
 		}
 		snap := snapshot.New(without(in.Raw, evict), cfg.Snapshot)

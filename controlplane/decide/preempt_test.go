@@ -305,3 +305,22 @@ func TestQueuePositions(t *testing.T) {
 		t.Fatalf("overall order of q's gangs %v, want w2,w1,w3", order)
 	}
 }
+
+// A non-preemptible high-priority gang that would have to borrow evicts nobody: after the
+// eviction it still could not run (it runs only within quota).
+func TestNonPreemptibleGangDoesNotPreemptToBorrow(t *testing.T) {
+	s := newSim(t)
+	s.node("a", 8)
+	s.node("b", 8)
+	s.queue("q", "", "8", "", 1)
+	s.gang("lo", "q", 16, 1)
+	s.cycle(time.Second)
+	if boundPods(s, "lo") != 16 {
+		t.Fatalf("setup: lo has %d bound, want 16 (borrowing)", boundPods(s, "lo"))
+	}
+	s.gang("hi", "q", 16, 1, priority(100), notPreemptible)
+	d := s.cycle(time.Second)
+	if len(d.Evictions) != 0 {
+		t.Fatalf("evicted %v for a gang that may not borrow", evictedGangs(d))
+	}
+}
