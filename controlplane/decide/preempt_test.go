@@ -1,6 +1,7 @@
 package decide
 
 import (
+	"fmt"
 	"sort"
 	"strings"
 	"testing"
@@ -322,5 +323,44 @@ func TestNonPreemptibleGangDoesNotPreemptToBorrow(t *testing.T) {
 	d := s.cycle(time.Second)
 	if len(d.Evictions) != 0 {
 		t.Fatalf("evicted %v for a gang that may not borrow", evictedGangs(d))
+	}
+}
+
+// The elastic case under reclaim: an elastic gang (min 4 of 8) placed 6 pods on the 6
+// free GPUs; when another queue reclaims its quota, the 2 pods above minMember go, not core
+// pods; once capacity returns the gang grows back to 8.
+func TestReclaimTakesElasticExtrasFirstAndTheGangGrowsBack(t *testing.T) {
+	s := newSim(t)
+	for i := range 8 {
+		s.node(fmt.Sprintf("n%d", i), 1)
+	}
+	s.queue("qe", "", "4", "", 1)
+	s.queue("qo", "", "4", "", 1)
+	s.gang("o1", "qo", 2, 1)
+	s.cycle(time.Second)
+	s.gang("e", "qe", 8, 1, minMember(4))
+	s.cycle(time.Second)
+	if got := boundPods(s, "e"); got != 6 {
+		t.Fatalf("elastic gang has %d pods bound, want 6", got)
+	}
+	s.gang("o2", "qo", 2, 1)
+	d := s.cycle(time.Second)
+	if got := evictedGangs(d); len(got) != 1 || got["e"] != 2 {
+		t.Fatalf("evicted %v, want the 2 pods of e above its minMember", got)
+	}
+	for _, p := range d.Evictions { // the workload recreates them
+		s.pod("e", p.Name, 1)
+		np := s.pods["ns/"+p.Name]
+		np.UID += "-again"
+	}
+	s.cycle(time.Second)
+	if boundPods(s, "o2") != 2 || boundPods(s, "e") != 4 {
+		t.Fatalf("after reclaim: o2 %d, e %d bound; want 2 and 4", boundPods(s, "o2"), boundPods(s, "e"))
+	}
+	s.finish("o1")
+	s.finish("o2")
+	s.cycle(time.Second)
+	if got := boundPods(s, "e"); got != 8 {
+		t.Fatalf("after capacity came back e has %d pods bound, want 8", got)
 	}
 }
