@@ -58,6 +58,9 @@ type Config struct {
 	UsageHalfLife time.Duration
 	// UsagePeriod is how often the usage history is moved on. Default 1 minute.
 	UsagePeriod time.Duration
+	// MaxConsolidationMoves bounds the pods one consolidation moves. Default 16; negative
+	// disables consolidation.
+	MaxConsolidationMoves int
 	// EvictionWait is how long a reclaim waits for its evicted pods before it may choose more
 	// victims. Default 2 minutes.
 	EvictionWait time.Duration
@@ -78,6 +81,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxReclaimTries <= 0 {
 		c.MaxReclaimTries = 8
+	}
+	if c.MaxConsolidationMoves == 0 {
+		c.MaxConsolidationMoves = 16
 	}
 	if c.UsagePeriod <= 0 {
 		c.UsagePeriod = time.Minute
@@ -158,6 +164,8 @@ type Memory struct {
 	warned map[string]string
 	// evicting: pods evicted by a reclaim, and when.
 	evicting map[types.UID]time.Time
+	// reserved: nodes freed by a consolidation, for the gang they were freed for.
+	reserved map[string]reservation
 }
 
 type failure struct {
@@ -171,7 +179,7 @@ type failure struct {
 
 // NewMemory returns empty memory (a new leadership term starts with it).
 func NewMemory() *Memory {
-	return &Memory{failures: map[string]*failure{}, warned: map[string]string{}, evicting: map[types.UID]time.Time{}}
+	return &Memory{failures: map[string]*failure{}, warned: map[string]string{}, evicting: map[types.UID]time.Time{}, reserved: map[string]reservation{}}
 }
 
 // CommitFailed records that the commit of a placed gang failed (the caller undid it): the
@@ -367,6 +375,27 @@ func Decide(ctx context.Context, cfg Config, in Input, mem *Memory) *Decisions {
 		}
 		byQueue[g.pg.Spec.Queue] = append(byQueue[g.pg.Spec.Queue], g)
 	}
+	// Nodes a consolidation freed are kept for their gang: the others avoid them.
+	waiting := map[string]bool{}
+	for _, g := range gangs {
+		if len(g.pending) > 0 {
+			waiting[g.Key] = true
+		}
+	}
+	if reserved := reservedAvoid(cfg, in, mem, waiting); len(reserved) > 0 {
+		for _, list := range byQueue {
+			for _, g := range list {
+				for n, owner := range reserved {
+					if owner != g.Key {
+						if g.gang.Avoid == nil {
+							g.gang.Avoid = map[string]bool{}
+						}
+						g.gang.Avoid[n] = true
+					}
+				}
+			}
+		}
+	}
 	// Fair shares from this cycle's allocations and demand: what reclaim gives back.
 	tree.ComputeFairShare(quota.FairShareConfig{Capacity: capacity(snap), K: cfg.UsageWeight, Usage: usageHistory(in.Queues)})
 	for _, list := range byQueue {
@@ -385,7 +414,7 @@ func Decide(ctx context.Context, cfg Config, in Input, mem *Memory) *Decisions {
 	// Place: always the queue whose next gang ranks best (under quota first, then borrowers
 	// by over-quota usage per weight). A gang that does not fit does not block the gangs
 	// behind it.
-	var reclaimFor *gangState
+	var reclaimFor, consolidateFor *gangState
 	var preemptors []*gangState         // gangs that did not fit, most important first
 	failedShapes := map[string]string{} // gang signature → why it did not fit
 	var reserved []*Placement           // volume reservations to release at the end
@@ -427,6 +456,9 @@ func Decide(ctx context.Context, cfg Config, in Input, mem *Memory) *Decisions {
 			// Gangs of the same shape get the same message, so that a gang's message does not
 			// depend on whether it or another was searched this cycle.
 			failedShapes[sig] = g.message
+			if consolidateFor == nil && !neverPreempts(g) {
+				consolidateFor = g
+			}
 			if reclaimFor == nil && (!bestRank.Borrowing || belowFairShare(tree, g)) && !neverPreempts(g) {
 				reclaimFor = g
 			}
@@ -438,15 +470,18 @@ func Decide(ctx context.Context, cfg Config, in Input, mem *Memory) *Decisions {
 	// At most one eviction decision per cycle, and none while evicted pods still go away:
 	// first priority within the queue of the most important gang that did not fit, then
 	// quota reclaim across queues.
-	if (len(preemptors) > 0 || reclaimFor != nil) && !evictionsInFlight(cfg, in, mem) {
-		preempted := false
+	if (len(preemptors) > 0 || reclaimFor != nil || consolidateFor != nil) && !evictionsInFlight(cfg, in, mem) {
+		acted := false
 		for _, g := range preemptors {
-			if preempted = preempt(ctx, cfg, in, d, mem, gangs, tree, g); preempted {
+			if acted = preempt(ctx, cfg, in, d, mem, gangs, tree, g); acted {
 				break
 			}
 		}
-		if !preempted && reclaimFor != nil {
-			reclaim(ctx, cfg, in, d, mem, gangs, tree, reclaimFor)
+		if !acted && reclaimFor != nil {
+			acted = reclaim(ctx, cfg, in, d, mem, gangs, tree, reclaimFor)
+		}
+		if !acted && consolidateFor != nil && cfg.MaxConsolidationMoves > 0 {
+			consolidate(ctx, cfg, in, d, mem, gangs, consolidateFor)
 		}
 	}
 	// Volume reservations made so that later gangs of this cycle do not pick the same

@@ -32,12 +32,12 @@ const (
 // resource among those g needs) gives first, its newest gang first, the pods above minMember
 // of an elastic gang before its core pods; no branch is taken below its fair share. Victims
 // are evicted only once a simulation on the cluster without them shows that g then fits.
-func reclaim(ctx context.Context, cfg Config, in Input, d *Decisions, mem *Memory, gangs []*gangState, tree *quota.Tree, g *gangState) {
+func reclaim(ctx context.Context, cfg Config, in Input, d *Decisions, mem *Memory, gangs []*gangState, tree *quota.Tree, g *gangState) bool {
 	logger := klog.FromContext(ctx)
 	base := in.Snapshot // for the victims' usage: their claims are as the cycle found them
 	mine := tree.Get(g.pg.Spec.Queue)
 	if mine == nil {
-		return
+		return false
 	}
 	var rs []string // the resources g needs; GPU first
 	for _, r := range quota.Resources {
@@ -46,7 +46,7 @@ func reclaim(ctx context.Context, cfg Config, in Input, d *Decisions, mem *Memor
 		}
 	}
 	if len(rs) == 0 {
-		return
+		return false
 	}
 	type victim struct {
 		victimUnit
@@ -80,7 +80,7 @@ func reclaim(ctx context.Context, cfg Config, in Input, d *Decisions, mem *Memor
 		}
 	}
 	if len(victims) == 0 {
-		return
+		return false
 	}
 	sort.SliceStable(victims, func(i, j int) bool {
 		a, b := victims[i], victims[j]
@@ -153,9 +153,10 @@ func reclaim(ctx context.Context, cfg Config, in Input, d *Decisions, mem *Memor
 				d.Evictions = append(d.Evictions, p)
 			}
 		}
-		return
+		return false
 	}
 	logger.V(2).Info("Reclaim would not make the gang fit", "podGroup", g.Key, "candidates", len(victims))
+	return false
 }
 
 // parting returns the ancestors of a and b (themselves included) that are siblings: children
