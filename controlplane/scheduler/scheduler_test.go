@@ -328,6 +328,12 @@ func TestElasticGangPlacesWhatFits(t *testing.T) {
 		return strings.HasPrefix(c.Message, "3 of 4 pods bound; 1 more wait: Unschedulable")
 	})
 	t.Logf("condition: %s", c.Message)
+	// The status is written as the gang is admitted; the bindings follow (asynchronously, a
+	// moment later on a loaded machine).
+	deadline := time.Now().Add(30 * time.Second)
+	for e.boundCount(pods) < 3 && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
 	if n := e.boundCount(pods); n != 3 {
 		t.Fatalf("%d pods bound, want 3", n)
 	}
