@@ -40,6 +40,8 @@ type options struct {
 	retryPeriod        time.Duration
 	probeNamespace     string
 	starvation         time.Duration
+	usageHalfLife      time.Duration
+	usageWeight        float64
 	formation          time.Duration
 	volumeBind         time.Duration
 	jointSteps         int64
@@ -68,6 +70,8 @@ func newOptions() *options {
 		retryPeriod:        2 * time.Second,
 		probeNamespace:     "default",
 		starvation:         5 * time.Minute,
+		usageHalfLife:      time.Hour,
+		usageWeight:        1,
 		formation:          2 * time.Minute,
 		volumeBind:         10 * time.Minute,
 		jointSteps:         10000,
@@ -89,7 +93,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.Float32Var(&o.kubeAPIQPS, "kube-api-qps", o.kubeAPIQPS, "Client-side rate limit of API requests per second (the kube-scheduler's clientConnection.qps).")
 	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", o.kubeAPIBurst, "Burst of API requests above --kube-api-qps (the kube-scheduler's clientConnection.burst).")
 	fs.StringVar(&o.schedulerName, "scheduler-name", o.schedulerName, "spec.schedulerName of the pods this scheduler places.")
-	fs.StringSliceVar(&o.topologyKeys, "topology-keys", o.topologyKeys, "Node label keys whose values are topology domains (rack, NVLink domain), most specific first; a gang is kept in one domain when it fits.")
+	fs.StringSliceVar(&o.topologyKeys, "topology-keys", o.topologyKeys, "Node label keys whose values are topology domains (host group, rack, block), most specific first: the levels of a topology when no Topology object names them. A gang without a constraint stays in one domain of the first key when it fits, else in as few domains of each level as it can.")
 	fs.BoolVar(&o.spread, "spread", o.spread, "Prefer the emptiest nodes instead of packing GPUs onto the fullest.")
 	fs.IntVar(&o.maxTries, "max-tries", o.maxTries, "Search budget per gang: node evaluations before the gang is declared unplaceable this cycle.")
 	fs.DurationVar(&o.period, "period", o.period, "Time between scheduling cycles when no event triggers one.")
@@ -104,6 +108,8 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.leaseDuration, "leader-elect-lease-duration", o.leaseDuration, "Lease duration.")
 	fs.DurationVar(&o.renewDeadline, "leader-elect-renew-deadline", o.renewDeadline, "Renew deadline of the leader.")
 	fs.DurationVar(&o.retryPeriod, "leader-elect-retry-period", o.retryPeriod, "Retry period of the candidates.")
+	fs.DurationVar(&o.usageHalfLife, "usage-half-life", o.usageHalfLife, "Half-life of each queue's usage history (status.usage, kept across restarts); 0 keeps none.")
+	fs.Float64Var(&o.usageWeight, "usage-weight", o.usageWeight, "How much past usage lowers a queue's over-quota share (like KAI Scheduler's kValue); 0 ignores it.")
 	fs.DurationVar(&o.starvation, "starvation-timeout", o.starvation, "A gang beyond its queue's quota that has not fit for this long (and would fit the empty cluster) holds back other such gangs until it is placed; negative disables.")
 	fs.DurationVar(&o.formation, "gang-formation-timeout", o.formation, "A gang with fewer pods than minMember for this long says so: its PodGroup condition names the workload and how many pods it waits for, an Event is emitted and its pods get PodScheduled=False; negative disables.")
 	fs.DurationVar(&o.volumeBind, "volume-bind-timeout", o.volumeBind, "How long a commit waits for the PV controller to bind a gang's WaitForFirstConsumer volumes before it fails and is undone.")
@@ -137,6 +143,10 @@ func (o *options) validate() error {
 		return fmt.Errorf("--max-steps must be positive, got %d", o.maxSteps)
 	case o.volumeBind <= 0:
 		return fmt.Errorf("--volume-bind-timeout must be positive, got %s", o.volumeBind)
+	case o.usageHalfLife < 0:
+		return fmt.Errorf("--usage-half-life must not be negative, got %s", o.usageHalfLife)
+	case o.usageWeight < 0:
+		return fmt.Errorf("--usage-weight must not be negative, got %g", o.usageWeight)
 	case o.parallelism <= 0:
 		return fmt.Errorf("--parallelism must be positive, got %d", o.parallelism)
 	case o.leaderElect && o.leaseDuration <= o.renewDeadline:

@@ -41,6 +41,8 @@ func run(ctx context.Context, o *options) error {
 		Parallelism:       o.parallelism,
 		StarvationTimeout: o.starvation,
 		FormationTimeout:  o.formation,
+		UsageHalfLife:     o.usageHalfLife,
+		UsageWeight:       o.usageWeight,
 		VolumeBindTimeout: o.volumeBind,
 	}
 	if o.catalog {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	v1alpha1 "github.com/tessera-gpu/tessera/controlplane/api/v1alpha1"
 	"github.com/tessera-gpu/tessera/controlplane/overview"
 )
 
@@ -18,7 +19,8 @@ func TestGetPrintsJSONAndTables(t *testing.T) {
 			{Minor: 1, Mode: "shared", Used: 0.25, Detail: "20Gi of 80Gi", Tainted: true},
 		}}},
 		Queues: []overview.Queue{{Name: "team-a", Parent: "research", Depth: 1, Allocated: 9, Quota: &quota, Limit: &limit, Weight: 2}},
-		Gangs:  []overview.Gang{{Namespace: "a", Name: "job-train", Queue: "team-a", Phase: "Pending", MinMember: 16, Members: 16, Waiting: 42 * time.Second, Reason: "queue over its limit"}},
+		Gangs: []overview.Gang{{Namespace: "a", Name: "job-train", Queue: "team-a", Phase: "Pending", MinMember: 16, Members: 16, Waiting: 42 * time.Second, Reason: "queue over its limit",
+			Position: &v1alpha1.QueuePosition{InQueue: 2, Overall: 5}}},
 	}
 
 	var out bytes.Buffer
@@ -46,7 +48,8 @@ func TestGetPrintsJSONAndTables(t *testing.T) {
 	if err := printGet(&out, "gangs", "table", c); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out.String(), "job-train") || !strings.Contains(out.String(), "0/16") || !strings.Contains(out.String(), "queue over its limit") {
+	if !strings.Contains(out.String(), "job-train") || !strings.Contains(out.String(), "0/16") || !strings.Contains(out.String(), "queue over its limit") ||
+		!strings.Contains(out.String(), "POSITION") || !strings.Contains(out.String(), " 2/5 ") {
 		t.Errorf("gangs table:\n%s", out.String())
 	}
 

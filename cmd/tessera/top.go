@@ -245,9 +245,13 @@ func printGet(w io.Writer, what, output string, c overview.Cluster) error {
 			fmt.Fprintf(tw, "%s\t%s\t%g\t%g\t%s\t%s\t%d\n", q.Name, dash(q.Parent), q.Allocated, q.Requested, optFloat(q.Quota), optFloat(q.Limit), q.Weight)
 		}
 	case []overview.Gang:
-		fmt.Fprintln(tw, "NAMESPACE\tNAME\tQUEUE\tPHASE\tMIN\tBOUND\tRUNNING\tWAITING\tREASON")
+		fmt.Fprintln(tw, "NAMESPACE\tNAME\tQUEUE\tPHASE\tMIN\tBOUND\tRUNNING\tWAITING\tPOSITION\tREASON")
 		for _, g := range rows {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d/%d\t%d\t%s\t%s\n", g.Namespace, g.Name, dash(g.Queue), g.Phase, g.MinMember, g.Scheduled, g.Members, g.Running, g.Waiting, g.Reason)
+			pos := "-"
+			if g.Position != nil {
+				pos = fmt.Sprintf("%d/%d", g.Position.InQueue, g.Position.Overall) // in its queue / overall
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d/%d\t%d\t%s\t%s\t%s\n", g.Namespace, g.Name, dash(g.Queue), g.Phase, g.MinMember, g.Scheduled, g.Members, g.Running, g.Waiting, pos, g.Reason)
 		}
 	case []gpuRow:
 		fmt.Fprintln(tw, "NODE\tGPU\tPRODUCT\tMODE\tUSED\tDETAIL\tHEALTHY\tCLAIMS")

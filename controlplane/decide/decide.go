@@ -17,6 +17,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
 	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -49,6 +50,17 @@ type Config struct {
 	MinBackoff, MaxBackoff time.Duration
 	// MaxReclaimTries bounds the victim sets simulated for one gang per cycle. Default 8.
 	MaxReclaimTries int
+	// UsageWeight says how much a queue's past usage (status.usage) lowers its over-quota
+	// share (quota.FairShareConfig.K, like KAI Scheduler's kValue). 0 ignores it.
+	UsageWeight float64
+	// UsageHalfLife is the half-life of each queue's usage history (status.usage); 0 keeps
+	// none.
+	UsageHalfLife time.Duration
+	// UsagePeriod is how often the usage history is moved on. Default 1 minute.
+	UsagePeriod time.Duration
+	// MaxConsolidationMoves bounds the pods one consolidation moves. Default 16; negative
+	// disables consolidation.
+	MaxConsolidationMoves int
 	// EvictionWait is how long a reclaim waits for its evicted pods before it may choose more
 	// victims. Default 2 minutes.
 	EvictionWait time.Duration
@@ -69,6 +81,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxReclaimTries <= 0 {
 		c.MaxReclaimTries = 8
+	}
+	if c.MaxConsolidationMoves == 0 {
+		c.MaxConsolidationMoves = 16
+	}
+	if c.UsagePeriod <= 0 {
+		c.UsagePeriod = time.Minute
 	}
 	if c.EvictionWait <= 0 {
 		c.EvictionWait = 2 * time.Minute
@@ -130,6 +148,11 @@ type Input struct {
 	// CapacityGen changes whenever capacity may have come back (a pod finished, a claim was
 	// released, a node, slice, class or queue changed); gangs in backoff are then retried.
 	CapacityGen uint64
+	// PriorityClasses by name: the label scheduling.tessera.dev/preemptible=false on a pod's
+	// class makes its gang non-preemptible. May be nil.
+	PriorityClasses map[string]*schedulingv1.PriorityClass
+	// Topologies order node-label levels for gangs' topology constraints. May be empty.
+	Topologies []*v1alpha1.Topology
 }
 
 // Memory is what decisions remember from cycle to cycle: backoffs, how long gangs have
@@ -141,6 +164,8 @@ type Memory struct {
 	warned map[string]string
 	// evicting: pods evicted by a reclaim, and when.
 	evicting map[types.UID]time.Time
+	// reserved: nodes freed by a consolidation, for the gang they were freed for.
+	reserved map[string]reservation
 }
 
 type failure struct {
@@ -154,7 +179,7 @@ type failure struct {
 
 // NewMemory returns empty memory (a new leadership term starts with it).
 func NewMemory() *Memory {
-	return &Memory{failures: map[string]*failure{}, warned: map[string]string{}, evicting: map[types.UID]time.Time{}}
+	return &Memory{failures: map[string]*failure{}, warned: map[string]string{}, evicting: map[types.UID]time.Time{}, reserved: map[string]reservation{}}
 }
 
 // CommitFailed records that the commit of a placed gang failed (the caller undid it): the
@@ -200,6 +225,8 @@ type Decisions struct {
 	// SolveSeconds are the durations of the cycle's gang searches (measured for metrics
 	// only; no decision depends on them).
 	SolveSeconds []float64
+	// VictimSetsSimulated counts the victim sets preemption and reclaim simulated.
+	VictimSetsSimulated int
 	// Outcomes are every gang's reason and message this cycle (for logs and tests).
 	Outcomes map[string]Outcome
 }
@@ -264,6 +291,7 @@ type gangState struct {
 	gang            *solver.Gang
 	estimate        quota.Usage
 	placed          int // pods placed this cycle
+	position        *v1alpha1.QueuePosition
 	formationDue    bool
 }
 
@@ -347,6 +375,29 @@ func Decide(ctx context.Context, cfg Config, in Input, mem *Memory) *Decisions {
 		}
 		byQueue[g.pg.Spec.Queue] = append(byQueue[g.pg.Spec.Queue], g)
 	}
+	// Nodes a consolidation freed are kept for their gang: the others avoid them.
+	waiting := map[string]bool{}
+	for _, g := range gangs {
+		if len(g.pending) > 0 {
+			waiting[g.Key] = true
+		}
+	}
+	if reserved := reservedAvoid(cfg, in, mem, waiting); len(reserved) > 0 {
+		for _, list := range byQueue {
+			for _, g := range list {
+				for n, owner := range reserved {
+					if owner != g.Key {
+						if g.gang.Avoid == nil {
+							g.gang.Avoid = map[string]bool{}
+						}
+						g.gang.Avoid[n] = true
+					}
+				}
+			}
+		}
+	}
+	// Fair shares from this cycle's allocations and demand: what reclaim gives back.
+	tree.ComputeFairShare(quota.FairShareConfig{Capacity: capacity(snap), K: cfg.UsageWeight, Usage: usageHistory(in.Queues)})
 	for _, list := range byQueue {
 		sort.SliceStable(list, func(i, j int) bool {
 			a, b := list[i].pg, list[j].pg
@@ -363,7 +414,8 @@ func Decide(ctx context.Context, cfg Config, in Input, mem *Memory) *Decisions {
 	// Place: always the queue whose next gang ranks best (under quota first, then borrowers
 	// by over-quota usage per weight). A gang that does not fit does not block the gangs
 	// behind it.
-	var reclaimFor *gangState
+	var reclaimFor, consolidateFor *gangState
+	var preemptors []*gangState         // gangs that did not fit, most important first
 	failedShapes := map[string]string{} // gang signature → why it did not fit
 	var reserved []*Placement           // volume reservations to release at the end
 	for len(byQueue) > 0 {
@@ -404,13 +456,33 @@ func Decide(ctx context.Context, cfg Config, in Input, mem *Memory) *Decisions {
 			// Gangs of the same shape get the same message, so that a gang's message does not
 			// depend on whether it or another was searched this cycle.
 			failedShapes[sig] = g.message
-			if reclaimFor == nil && !bestRank.Borrowing && !neverPreempts(g) {
+			if consolidateFor == nil && !neverPreempts(g) {
+				consolidateFor = g
+			}
+			if reclaimFor == nil && (!bestRank.Borrowing || belowFairShare(tree, g)) && !neverPreempts(g) {
 				reclaimFor = g
 			}
 		}
+		if (g.reason == v1alpha1.ReasonUnschedulable || g.reason == v1alpha1.ReasonQuotaExceeded) && !neverPreempts(g) {
+			preemptors = append(preemptors, g)
+		}
 	}
-	if reclaimFor != nil {
-		reclaim(ctx, cfg, in, d, mem, gangs, tree, reclaimFor)
+	// At most one eviction decision per cycle, and none while evicted pods still go away:
+	// first priority within the queue of the most important gang that did not fit, then
+	// quota reclaim across queues.
+	if (len(preemptors) > 0 || reclaimFor != nil || consolidateFor != nil) && !evictionsInFlight(cfg, in, mem) {
+		acted := false
+		for _, g := range preemptors {
+			if acted = preempt(ctx, cfg, in, d, mem, gangs, tree, g); acted {
+				break
+			}
+		}
+		if !acted && reclaimFor != nil {
+			acted = reclaim(ctx, cfg, in, d, mem, gangs, tree, reclaimFor)
+		}
+		if !acted && consolidateFor != nil && cfg.MaxConsolidationMoves > 0 {
+			consolidate(ctx, cfg, in, d, mem, gangs, consolidateFor)
+		}
 	}
 	// Volume reservations made so that later gangs of this cycle do not pick the same
 	// PersistentVolumes are released: Decide leaves the volume binder as it found it. The
@@ -421,11 +493,12 @@ func Decide(ctx context.Context, cfg Config, in Input, mem *Memory) *Decisions {
 		}
 	}
 
+	queuePositions(tree, gangs)
 	for _, g := range gangs {
 		d.Outcomes[g.Key] = Outcome{Reason: g.reason, Message: g.message}
 		desiredStatus(in, d, mem, g)
 	}
-	queueStatuses(d, tree, metav1.NewTime(in.Now))
+	queueStatuses(cfg, d, tree, capacity(snap), metav1.NewTime(in.Now))
 	logger.V(3).Info("Decided", "gangs", len(gangs), "placed", len(d.Placements), "pending", d.Pending)
 	return d
 }
@@ -433,9 +506,98 @@ func Decide(ctx context.Context, cfg Config, in Input, mem *Memory) *Decisions {
 // reasonPodGroupNotFound: a pod names a PodGroup (annotation) that does not exist.
 const reasonPodGroupNotFound = "PodGroupNotFound"
 
-// neverPreempts: an upstream PodGroup with preemptionPolicy Never does not evict others.
-func neverPreempts(g *gangState) bool {
-	return g.Upstream != nil && g.Upstream.Spec.PreemptionPolicy != nil && *g.Upstream.Spec.PreemptionPolicy == schedulingv1beta1.PreemptNever
+// queuePositions numbers the gangs that wait with everything they need (members, claims, a
+// queue) in the order the scheduler tries them: in their queue by priority, then age; overall
+// by the rank their queue would have once the gangs ahead of them in it were placed (within
+// quota first, then borrowers by over-quota usage per weight), so that queues take turns as
+// they do when capacity comes back.
+func queuePositions(tree *quota.Tree, gangs []*gangState) {
+	byQueue := map[string][]*gangState{}
+	for _, g := range gangs {
+		if g.gang != nil && len(g.pending) > 0 && g.pg != nil {
+			byQueue[g.pg.Spec.Queue] = append(byQueue[g.pg.Spec.Queue], g)
+		}
+	}
+	type entry struct {
+		g       *gangState
+		inQueue int
+		rank    quota.Rank
+	}
+	var all []entry
+	for q, list := range byQueue {
+		sort.SliceStable(list, func(i, j int) bool {
+			a, b := list[i].pg, list[j].pg
+			if a.Spec.Priority != b.Spec.Priority {
+				return a.Spec.Priority > b.Spec.Priority
+			}
+			if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
+				return a.CreationTimestamp.Before(&b.CreationTimestamp)
+			}
+			return list[i].Key < list[j].Key
+		})
+		ahead := quota.Usage{}
+		for i, g := range list {
+			ahead.Add(g.estimate)
+			all = append(all, entry{g: g, inQueue: i + 1, rank: tree.RankOf(q, ahead)})
+		}
+	}
+	sort.SliceStable(all, func(i, j int) bool {
+		if all[i].rank.Less(all[j].rank) != all[j].rank.Less(all[i].rank) {
+			return all[i].rank.Less(all[j].rank)
+		}
+		if all[i].inQueue != all[j].inQueue {
+			return all[i].inQueue < all[j].inQueue
+		}
+		return all[i].g.Key < all[j].g.Key
+	})
+	for i, e := range all {
+		e.g.position = &v1alpha1.QueuePosition{InQueue: int32(e.inQueue), Overall: int32(i + 1)}
+	}
+}
+
+// capacity is the cluster's GPU units, CPU cores and memory bytes: what the root queues'
+// fair shares divide.
+func capacity(snap *snapshot.Snapshot) quota.Usage {
+	c := quota.Usage{}
+	for _, ni := range snap.Nodes {
+		c[v1alpha1.ResourceGPU] += ni.GPUTotal
+		c[v1alpha1.ResourceCPU] += ni.Node.Status.Allocatable.Cpu().AsApproximateFloat64()
+		c[v1alpha1.ResourceMemory] += ni.Node.Status.Allocatable.Memory().AsApproximateFloat64()
+	}
+	return c
+}
+
+// usageHistory is each queue's past usage as its status keeps it (fractions of capacity).
+func usageHistory(queues []*v1alpha1.Queue) map[string]quota.Usage {
+	out := map[string]quota.Usage{}
+	for _, q := range queues {
+		if q.Status.Usage == nil {
+			continue
+		}
+		u := quota.Usage{}
+		for r, v := range q.Status.Usage.Average {
+			u[r] = v.AsApproximateFloat64()
+		}
+		out[q.Name] = u
+	}
+	return out
+}
+
+// belowFairShare: the gang's queue stays within its fair share with the gang (for each
+// resource the gang needs). Its ancestors are checked by reclaim, up to the level where the
+// paths of the reclaimer and a victim part (a shared ancestor is full either way).
+func belowFairShare(tree *quota.Tree, g *gangState) bool {
+	n := tree.Get(g.pg.Spec.Queue)
+	if n == nil {
+		return false
+	}
+	var rs []string
+	for _, r := range quota.Resources {
+		if g.estimate[r] > 0 {
+			rs = append(rs, r)
+		}
+	}
+	return len(rs) > 0 && withinShare(n, g.estimate, rs)
 }
 
 // warn emits a warning Event for a gang when its message changed since the last one.
@@ -458,17 +620,32 @@ func place(ctx context.Context, cfg Config, in Input, d *Decisions, mem *Memory,
 	d.SolveSeconds = append(d.SolveSeconds, time.Since(start).Seconds())
 	placed := g.pending
 	if solver.IsUnschedulable(err) && ctx.Err() == nil {
-		// Elastic gang: more pods than minMember. When not all fit, place just enough to
-		// reach minMember (at least one), the rest later, as capacity allows.
+		// Elastic gang: more pods than minMember. When not all fit, place as many as fit
+		// (at least enough to reach minMember, at least one), the rest later as capacity
+		// comes back: the most pods for which a placement exists, found by bisection (a
+		// subset of pods that fits stays fitting with fewer of them).
 		if need := max(1, int(g.pg.Spec.MinMember)-len(g.bound)); need < len(g.pending) {
-			sub := *g.gang
-			sub.Pods = append([]solver.Pod(nil), g.gang.Pods...)
-			sort.Slice(sub.Pods, func(i, j int) bool { return sub.Pods[i].Pod.Name < sub.Pods[j].Pod.Name })
-			sub.Pods = sub.Pods[:need]
-			if r, subErr := cfg.Solver.Solve(ctx, snap, &sub); subErr == nil {
-				res, err = r, nil
+			pods := append([]solver.Pod(nil), g.gang.Pods...)
+			sort.Slice(pods, func(i, j int) bool { return pods[i].Pod.Name < pods[j].Pod.Name })
+			try := func(k int) (*solver.Result, bool) {
+				sub := *g.gang
+				sub.Pods = pods[:k]
+				r, subErr := cfg.Solver.Solve(ctx, snap, &sub)
+				return r, subErr == nil
+			}
+			if r, ok := try(need); ok {
+				best, lo, hi := r, need, len(pods)-1 // lo fits; all of them did not
+				for lo < hi && ctx.Err() == nil {
+					mid := (lo + hi + 1) / 2
+					if r, ok := try(mid); ok {
+						best, lo = r, mid
+					} else {
+						hi = mid - 1
+					}
+				}
+				res, err = best, nil
 				placed = nil
-				for _, p := range sub.Pods {
+				for _, p := range pods[:lo] {
 					placed = append(placed, p.Pod)
 				}
 			}
@@ -494,7 +671,12 @@ func place(ctx context.Context, cfg Config, in Input, d *Decisions, mem *Memory,
 		usage[v1alpha1.ResourceCPU] += req.Cpu().AsApproximateFloat64()
 		usage[v1alpha1.ResourceMemory] += req.Memory().AsApproximateFloat64()
 	}
-	if ok, why := tree.Admit(g.pg.Spec.Queue, usage); !ok {
+	admit := tree.Admit
+	if !preemptible(in, g) {
+		// Nobody can take it back: a non-preemptible gang runs only within its quota.
+		admit = tree.AdmitWithinQuota
+	}
+	if ok, why := admit(g.pg.Spec.Queue, usage); !ok {
 		fail(cfg, d, mem, in, g, v1alpha1.ReasonQuotaExceeded, why)
 		return nil
 	}

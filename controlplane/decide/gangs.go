@@ -46,9 +46,7 @@ func readyToPlace(cfg Config, in Input, snap *snapshot.Snapshot, tree *quota.Tre
 		return false
 	}
 	gang := &solver.Gang{Name: g.Key}
-	if t := g.pg.Spec.Topology; t != nil {
-		gang.Topology = &solver.Topology{Key: t.Key, Required: t.Mode == v1alpha1.TopologyRequired}
-	}
+	gang.Topology = gangTopology(in, g)
 	est := quota.Usage{}
 	var missing, unusable []string
 	for _, p := range g.pending {

@@ -34,6 +34,7 @@ func desiredStatus(in Input, d *Decisions, mem *Memory, g *gangState) {
 	st.Scheduled = int32(len(g.bound))
 	st.Running = int32(g.Running)
 	st.Succeeded, st.Failed = int32(g.Succeeded), int32(g.Failed)
+	st.QueuePosition = g.position
 	minMember := int(g.pg.Spec.MinMember)
 	switch {
 	case len(g.pending) == 0 && len(g.bound) == 0 && g.Succeeded+g.Failed > 0:
@@ -144,10 +145,14 @@ func podCondition(p *v1.Pod, t v1.PodConditionType) *v1.PodCondition {
 }
 
 // queueStatuses computes Queue statuses that differ from what the Queues show.
-func queueStatuses(d *Decisions, tree *quota.Tree, now metav1.Time) {
+func queueStatuses(cfg Config, d *Decisions, tree *quota.Tree, capacity quota.Usage, now metav1.Time) {
 	for _, n := range tree.Nodes() {
 		st := n.Queue.Status.DeepCopy()
 		st.Allocated = toQuantities(n.Allocated)
+		st.FairShare = toQuantities(n.FairShare)
+		if cfg.UsageHalfLife > 0 {
+			st.Usage = decayedUsage(cfg, n, capacity, now)
+		}
 		req := quota.Usage{}
 		req.Add(n.Allocated)
 		req.Add(n.Requested)
@@ -162,6 +167,49 @@ func queueStatuses(d *Decisions, tree *quota.Tree, now metav1.Time) {
 			d.QueueStatuses = append(d.QueueStatuses, QueueStatus{Queue: n.Queue, Status: *st})
 		}
 	}
+}
+
+// decayedUsage moves the queue's usage history on to now: per resource, the average decays
+// by half every half-life towards what the queue holds now (a fraction of capacity), as an
+// exponentially weighted integral sampled once per UsagePeriod (the usage is taken as what
+// it is now since the last sample). It is kept in thousandths in the Queue's status, which a
+// restarted scheduler continues from; an average that does not move in its third decimal is
+// not rewritten (an idle, steady cluster costs no writes) and then decays from its older
+// time the next time.
+func decayedUsage(cfg Config, n *quota.Node, capacity quota.Usage, now metav1.Time) *v1alpha1.QueueUsage {
+	prev := n.Queue.Status.Usage
+	cur := map[string]float64{}
+	for _, r := range quota.Resources {
+		if capacity[r] > 0 {
+			cur[r] = math.Min(1, n.Allocated[r]/capacity[r])
+		}
+	}
+	if prev == nil || prev.UpdateTime.IsZero() {
+		return &v1alpha1.QueueUsage{Average: fractions(map[string]float64{}), HalfLife: metav1.Duration{Duration: cfg.UsageHalfLife}, UpdateTime: now}
+	}
+	dt := now.Sub(prev.UpdateTime.Time)
+	if dt < cfg.UsagePeriod && prev.HalfLife.Duration == cfg.UsageHalfLife {
+		return prev.DeepCopy()
+	}
+	decay := math.Exp2(-dt.Seconds() / cfg.UsageHalfLife.Seconds())
+	avg := map[string]float64{}
+	for _, r := range quota.Resources {
+		old := prev.Average[r]
+		avg[r] = old.AsApproximateFloat64()*decay + cur[r]*(1-decay)
+	}
+	next := &v1alpha1.QueueUsage{Average: fractions(avg), HalfLife: metav1.Duration{Duration: cfg.UsageHalfLife}, UpdateTime: now}
+	if equality.Semantic.DeepEqual(next.Average, prev.Average) && prev.HalfLife == next.HalfLife {
+		return prev.DeepCopy()
+	}
+	return next
+}
+
+func fractions(u map[string]float64) map[string]resource.Quantity {
+	out := map[string]resource.Quantity{}
+	for _, r := range quota.Resources {
+		out[r] = *resource.NewMilliQuantity(int64(math.Round(u[r]*1000)), resource.DecimalSI)
+	}
+	return out
 }
 
 // toQuantities renders usage: GPU units with three decimals, CPU in millicores, memory bytes.

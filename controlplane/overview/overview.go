@@ -85,6 +85,9 @@ type Gang struct {
 	// ReasonCode is the same as one word: the condition's reason, such as
 	// QuotaExceeded or Unschedulable (a metric label).
 	ReasonCode string `json:"reasonCode,omitempty"`
+	// Position is a waiting gang's place in line: in its queue and overall (status
+	// queuePosition; nil when it is not waiting to be placed).
+	Position *v1alpha1.QueuePosition `json:"position,omitempty"`
 	// Waiting is how long a pending gang has waited since it was created.
 	Waiting time.Duration `json:"waiting,omitempty"`
 	Age     time.Duration `json:"age"`
@@ -365,7 +368,7 @@ func buildGangs(groups []v1alpha1.PodGroup, now time.Time) []Gang {
 		g := Gang{
 			Namespace: pg.Namespace, Name: pg.Name, Queue: pg.Spec.Queue, Phase: string(pg.Status.Phase),
 			MinMember: pg.Spec.MinMember, Members: pg.Status.Members, Scheduled: pg.Status.Scheduled, Running: pg.Status.Running,
-			Succeeded: pg.Status.Succeeded, Failed: pg.Status.Failed,
+			Succeeded: pg.Status.Succeeded, Failed: pg.Status.Failed, Position: pg.Status.QueuePosition,
 			Age: now.Sub(pg.CreationTimestamp.Time).Round(time.Second),
 		}
 		if g.Phase == "" {

@@ -62,7 +62,12 @@ type Node struct {
 	// Invalid is set when the queue cannot admit: a parent loop or a missing parent.
 	Invalid       string
 	InvalidReason string
-	lim           limits
+	// FairShare is what the queue deserves now (ComputeFairShare).
+	FairShare Usage
+	lim       limits
+	effWeight map[string]float64
+	// past is the queue's past usage (fractions of capacity; ComputeFairShare).
+	past Usage
 }
 
 // Tree is the queue hierarchy of one cycle.
@@ -75,7 +80,7 @@ type Tree struct {
 func Build(queues []*v1alpha1.Queue) *Tree {
 	t := &Tree{nodes: make(map[string]*Node, len(queues))}
 	for _, q := range queues {
-		t.nodes[q.Name] = &Node{Queue: q, Allocated: Usage{}, Requested: Usage{}, lim: limitsOf(q)}
+		t.nodes[q.Name] = &Node{Queue: q, Allocated: Usage{}, Requested: Usage{}, FairShare: Usage{}, lim: limitsOf(q)}
 	}
 	for _, n := range t.nodes {
 		if p := n.Queue.Spec.Parent; p != "" {
@@ -212,7 +217,12 @@ func (t *Tree) Admit(queue string, u Usage) (bool, string) {
 type Rank struct {
 	Borrowing bool
 	Share     float64
-	Priority  int32
+	// Past is the leaf's past usage of the resource that ranks it (fraction of capacity):
+	// between equal shares, the queue that used less recently goes first, so that two
+	// queues that each want the whole cluster take turns instead of the first by name
+	// keeping it.
+	Past     float64
+	Priority int32
 }
 
 // Less orders ranks.
@@ -222,6 +232,9 @@ func (r Rank) Less(o Rank) bool {
 	}
 	if r.Share != o.Share {
 		return r.Share < o.Share
+	}
+	if r.Past != o.Past {
+		return r.Past < o.Past
 	}
 	return r.Priority > o.Priority
 }
@@ -259,7 +272,9 @@ func (t *Tree) RankOf(queue string, u Usage) Rank {
 		if u[r] == 0 {
 			continue
 		}
-		w := n.lim.weight[r]
+		// The weight as past usage leaves it (ComputeFairShare; the configured weight
+		// without usage history).
+		w := n.EffectiveWeight(r)
 		over := n.Allocated[r] - n.lim.quota[r]
 		share := math.Inf(1)
 		if w > 0 {
@@ -267,10 +282,12 @@ func (t *Tree) RankOf(queue string, u Usage) Rank {
 			share = over / w
 		}
 		if r == v1alpha1.ResourceGPU {
-			rank.Share = share
+			rank.Share, rank.Past = share, n.past[r]
 			return rank
 		}
-		rank.Share = max(rank.Share, share)
+		if share >= rank.Share {
+			rank.Share, rank.Past = share, n.past[r]
+		}
 	}
 	return rank
 }

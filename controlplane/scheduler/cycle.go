@@ -6,6 +6,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
 	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
@@ -77,7 +78,16 @@ func (s *Scheduler) collect(ctx context.Context, now time.Time) decide.Input {
 	s.mu.Lock()
 	capGen := s.capacityGen
 	s.mu.Unlock()
-	return decide.Input{Now: now, Snapshot: snap, Raw: raw, Queues: queues, Gangs: s.collectGangs(ctx, pods), CapacityGen: capGen}
+	var topologies []*v1alpha1.Topology
+	for _, obj := range s.topoInf.GetStore().List() {
+		topologies = append(topologies, obj.(*v1alpha1.Topology))
+	}
+	var priorityClasses []*schedulingv1.PriorityClass
+	for _, obj := range s.pcInf.GetStore().List() {
+		priorityClasses = append(priorityClasses, obj.(*schedulingv1.PriorityClass))
+	}
+	return decide.Input{Now: now, Snapshot: snap, Raw: raw, Queues: queues, Gangs: s.collectGangs(ctx, pods), CapacityGen: capGen,
+		Topologies: topologies, PriorityClasses: decide.PriorityClassesByName(priorityClasses)}
 }
 
 // collectGangs maps every live pod of this scheduler to its gang (once per pod UID, cached)

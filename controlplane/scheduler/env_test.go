@@ -90,7 +90,7 @@ func (e *env) install() error {
 		return err
 	}
 	var files []string
-	for _, f := range []string{"scheduling.tessera.dev_queues.yaml", "scheduling.tessera.dev_podgroups.yaml"} {
+	for _, f := range []string{"scheduling.tessera.dev_queues.yaml", "scheduling.tessera.dev_podgroups.yaml", "scheduling.tessera.dev_topologies.yaml"} {
 		files = append(files, filepath.Join(root, "deployments", "crds", f))
 	}
 	if err := e.cp.InstallCRDFiles(e.ctx, files...); err != nil {

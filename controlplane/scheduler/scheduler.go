@@ -86,6 +86,10 @@ type Options struct {
 	// condition names the workload and what is missing, an Event, pod conditions). Zero
 	// means 2 minutes; negative disables.
 	FormationTimeout time.Duration
+	// UsageHalfLife is the half-life of the queues' usage history (decide.Config); 0 keeps
+	// none. UsageWeight is how much it lowers a queue's over-quota share.
+	UsageHalfLife time.Duration
+	UsageWeight   float64
 	// VolumeBindTimeout bounds a commit's wait for the PV controller to bind a gang's
 	// volumes. Zero means 10 minutes (the kube-scheduler's default).
 	VolumeBindTimeout time.Duration
@@ -101,11 +105,14 @@ type Scheduler struct {
 	sched  *client.Client
 	mapper *mapper.Mapper
 
-	factory   informers.SharedInformerFactory
-	podInf    cache.SharedIndexInformer
-	queueInf  cache.SharedIndexInformer
-	pgInf     cache.SharedIndexInformer
-	informers []cache.SharedIndexInformer
+	factory  informers.SharedInformerFactory
+	podInf   cache.SharedIndexInformer
+	queueInf cache.SharedIndexInformer
+	pgInf    cache.SharedIndexInformer
+	// topoInf: Topologies (ordered node-label levels); pcInf: PriorityClasses (their
+	// preemptible label).
+	topoInf, pcInf cache.SharedIndexInformer
+	informers      []cache.SharedIndexInformer
 	// upstream is the informer of scheduling.k8s.io/v1beta1 PodGroups, when served.
 	upstream cache.SharedIndexInformer
 	// slices lists ResourceSlices with DeviceTaintRules applied (when served).
@@ -209,8 +216,10 @@ func New(cfg *rest.Config, opts Options) (*Scheduler, error) {
 	}}
 	s.queueInf = cache.NewSharedIndexInformer(sc.QueueListWatch(), &v1alpha1.Queue{}, 0, cache.Indexers{})
 	s.pgInf = cache.NewSharedIndexInformer(sc.PodGroupListWatch(), &v1alpha1.PodGroup{}, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	s.topoInf = cache.NewSharedIndexInformer(sc.TopologyListWatch(), &v1alpha1.Topology{}, 0, cache.Indexers{})
+	s.pcInf = s.factory.Scheduling().V1().PriorityClasses().Informer()
 	s.informers = []cache.SharedIndexInformer{
-		s.podInf, nsInf,
+		s.podInf, nsInf, s.pcInf, s.topoInf,
 		s.factory.Core().V1().Nodes().Informer(),
 		s.factory.Resource().V1().ResourceSlices().Informer(),
 		s.factory.Resource().V1().ResourceClaims().Informer(),
@@ -347,7 +356,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	defer stopInformers()
 	s.factory.Start(infCtx.Done())
 	defer s.factory.Shutdown()
-	for _, inf := range []cache.SharedIndexInformer{s.queueInf, s.pgInf} {
+	for _, inf := range []cache.SharedIndexInformer{s.queueInf, s.pgInf, s.topoInf} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -382,6 +391,8 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		Snapshot:          s.snapshotConfig(),
 		StarvationTimeout: s.opts.StarvationTimeout,
 		FormationTimeout:  s.opts.FormationTimeout,
+		UsageHalfLife:     s.opts.UsageHalfLife,
+		UsageWeight:       s.opts.UsageWeight,
 	}
 	wg.Add(1)
 	go func() {

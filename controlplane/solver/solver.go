@@ -82,12 +82,6 @@ type Pod struct {
 	Consumers map[types.UID]resourceapi.ResourceClaimConsumerReference
 }
 
-// Topology constrains a gang to one domain of a node label.
-type Topology struct {
-	Key      string
-	Required bool
-}
-
 // Gang is what the solver places: all Pods or none.
 type Gang struct {
 	// Name for messages (namespace/podgroup).
@@ -95,6 +89,8 @@ type Gang struct {
 	Pods []Pod
 	// Topology, when set, overrides the configured keys.
 	Topology *Topology
+	// Avoid are nodes the gang must not use (capacity reserved for another gang).
+	Avoid map[string]bool
 }
 
 // Placement is the decision for one pod.
@@ -289,6 +285,10 @@ type search struct {
 	// preferPlain orders nodes that have some first (see preferPlainGPUs).
 	plainFree   map[int]int
 	preferPlain bool
+	// requiredLevel names the required topology keys and requiredDomains their domains
+	// with free GPU units (for the message of a gang that fits none).
+	requiredLevel   string
+	requiredDomains []domainStat
 }
 
 func (s *Solver) newSearch(ctx context.Context, snap *snapshot.Snapshot, session *filters.Session, gang *Gang) (*search, error) {
@@ -554,71 +554,6 @@ func (s *Solver) computePodSignature(gp Pod, labelKeys sets.Set[string], request
 	b, _ := json.Marshal(spec)
 	_, _ = h.Write(b)
 	return h.Sum64()
-}
-
-type plan struct {
-	domain string
-	nodes  []int
-}
-
-// domainPlans lists the node sets to search, in order: topology domains first (best fit:
-// the smallest domain with enough free GPU units), then the whole cluster unless the gang
-// requires one domain.
-func (st *search) domainPlans() []plan {
-	all := st.sortNodes(nil)
-	key, required := "", false
-	if st.gang.Topology != nil {
-		key, required = st.gang.Topology.Key, st.gang.Topology.Required
-	} else if len(st.s.cfg.TopologyKeys) > 0 {
-		key = st.s.cfg.TopologyKeys[0]
-	}
-	if key == "" {
-		return []plan{{nodes: all}}
-	}
-	need := 0.0
-	for _, p := range st.pods {
-		need += p.gpuNeed
-	}
-	domains := map[string][]int{}
-	free := map[string]float64{}
-	for i, ni := range st.snap.Nodes {
-		v, ok := ni.Node.Labels[key]
-		if !ok {
-			continue
-		}
-		domains[v] = append(domains[v], i)
-		free[v] += ni.GPUFree()
-	}
-	names := make([]string, 0, len(domains))
-	for d := range domains {
-		names = append(names, d)
-	}
-	sort.Slice(names, func(a, b int) bool {
-		fa, fb := free[names[a]] >= need, free[names[b]] >= need
-		if fa != fb {
-			return fa
-		}
-		if fa { // both fit: best fit
-			if free[names[a]] != free[names[b]] {
-				return free[names[a]] < free[names[b]]
-			}
-		} else if free[names[a]] != free[names[b]] {
-			return free[names[a]] > free[names[b]]
-		}
-		return names[a] < names[b]
-	})
-	var plans []plan
-	for i, d := range names {
-		// A preferred constraint tries a few domains, then gives up on locality.
-		if !required && i >= 4 {
-			break
-		}
-		plans = append(plans, plan{domain: key + "=" + d, nodes: st.sortNodes(domains[d])})
-	}
-	if !required {
-		plans = append(plans, plan{nodes: all})
-	}
-	return plans
 }
 
 // preferPlainGPUs decides whether bin-packing should try nodes with free plain
@@ -1168,23 +1103,7 @@ func (st *search) explain(plans []plan) string {
 		}
 	}
 	fmt.Fprintf(&b, "; needs %g devices, cluster has %g free GPU units on %d nodes", need, free, nodes)
-	var largest float64
-	var largestName string
-	for _, pl := range plans {
-		if pl.domain == "" {
-			continue
-		}
-		f := 0.0
-		for _, ni := range pl.nodes {
-			f += st.snap.Nodes[ni].GPUFree()
-		}
-		if f > largest || largestName == "" {
-			largest, largestName = f, pl.domain
-		}
-	}
-	if largestName != "" {
-		fmt.Fprintf(&b, "; largest topology domain %s has %g free", largestName, largest)
-	}
+	b.WriteString(st.explainTopology(plans))
 	if st.budgetHit {
 		fmt.Fprintf(&b, "; search budget of %d tries exhausted", st.s.cfg.MaxTries)
 	}
@@ -1217,7 +1136,15 @@ func (s *Solver) Signature(snap *snapshot.Snapshot, g *Gang) string {
 	sort.Slice(sigs, func(i, j int) bool { return sigs[i] < sigs[j] })
 	var b strings.Builder
 	if g.Topology != nil {
-		fmt.Fprintf(&b, "%s/%v|", g.Topology.Key, g.Topology.Required)
+		fmt.Fprintf(&b, "%s/%v/%v/%s/%v|", g.Topology.Key, g.Topology.Required, g.Topology.RequiredKeys, g.Topology.PreferredKey, g.Topology.Levels)
+	}
+	if len(g.Avoid) > 0 {
+		avoid := make([]string, 0, len(g.Avoid))
+		for n := range g.Avoid {
+			avoid = append(avoid, n)
+		}
+		sort.Strings(avoid)
+		fmt.Fprintf(&b, "avoid%v|", avoid)
 	}
 	for _, sig := range sigs {
 		fmt.Fprintf(&b, "%x,", sig)

@@ -314,7 +314,7 @@ func installCRDs(ctx context.Context, b *testing.B, cfg *rest.Config, kube kuber
 		b.Fatal(err)
 	}
 	ext := apiextensions.NewForConfigOrDie(cfg)
-	for _, f := range []string{"scheduling.tessera.dev_queues.yaml", "scheduling.tessera.dev_podgroups.yaml"} {
+	for _, f := range []string{"scheduling.tessera.dev_queues.yaml", "scheduling.tessera.dev_podgroups.yaml", "scheduling.tessera.dev_topologies.yaml"} {
 		data, err := os.ReadFile(filepath.Join(root, "deployments", "crds", f))
 		if err != nil {
 			b.Fatal(err)

@@ -13,6 +13,9 @@ const (
 	PodGroupAnnotation = "scheduling.tessera.dev/pod-group"
 	// SchedulerName is the spec.schedulerName with which pods opt in to tessera.
 	SchedulerName = "tessera-scheduler"
+	// PreemptibleLabel "false" on a PriorityClass makes the gangs of its pods
+	// non-preemptible (PodGroup spec.preemptible overrides it).
+	PreemptibleLabel = "scheduling.tessera.dev/preemptible"
 )
 
 // PodGroup condition types.
@@ -68,6 +71,7 @@ const (
 // +kubebuilder:printcolumn:name="MinMember",type=integer,JSONPath=`.spec.minMember`
 // +kubebuilder:printcolumn:name="Scheduled",type=integer,JSONPath=`.status.scheduled`
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Position",type=integer,JSONPath=`.status.queuePosition.overall`,priority=1
 type PodGroup struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
@@ -105,6 +109,15 @@ type PodGroupSpec struct {
 	// Workload is the top-level object the gang was derived from.
 	// +optional
 	Workload *WorkloadReference `json:"workload,omitempty"`
+
+	// Preemptible false makes the gang non-preemptible: it is never evicted for another gang
+	// (priority preemption, reclaim, consolidation), and it runs only within its queue's
+	// quota (never on borrowed capacity). Unset: the label
+	// scheduling.tessera.dev/preemptible on the gang's PriorityClass, else preemptible.
+	// Preemptibility is apart from priority: a high-priority gang may be preemptible by
+	// an even higher one, a low-priority one protected.
+	// +optional
+	Preemptible *bool `json:"preemptible,omitempty"`
 }
 
 // PodGroupComponent is one component of the workload within the gang.
@@ -116,15 +129,34 @@ type PodGroupComponent struct {
 	MinMember int32 `json:"minMember"`
 }
 
-// TopologyConstraint names the node label whose value is a topology domain (a rack, an NVLink
-// domain).
+// TopologyConstraint keeps a gang inside topology domains: nodes that share the value of a
+// node label (a block, a rack, an NVLink domain). With a Topology's ordered levels (block >
+// rack > host) a gang can require one level and prefer a narrower one: "stay in one block,
+// on as few racks as possible".
+//
+// +kubebuilder:validation:XValidation:rule="has(self.key) || has(self.required) || has(self.preferred)",message="one of key, required or preferred must be set"
 type TopologyConstraint struct {
-	// Key is the node label key.
-	// +kubebuilder:validation:MinLength=1
-	Key string `json:"key"`
-	// Mode Required: the gang binds only inside one domain. Preferred: one domain if possible.
+	// Key is a node label key; Mode says whether the gang must (Required) or should
+	// (Preferred) stay in one of its domains. The older form of Required/Preferred.
+	// +optional
+	Key string `json:"key,omitempty"`
+	// Mode Required: the gang binds only inside one domain of Key. Preferred: one domain if
+	// possible.
 	// +kubebuilder:default=Preferred
+	// +optional
 	Mode TopologyMode `json:"mode,omitempty"`
+	// Required is the node label key of the level the gang must stay within: all its pods
+	// in one domain of it.
+	// +optional
+	Required string `json:"required,omitempty"`
+	// Preferred is the node label key of a (narrower) level the gang should stay within if
+	// it fits; when it does not, the gang is spread over as few of its domains as possible.
+	// +optional
+	Preferred string `json:"preferred,omitempty"`
+	// Topology names the Topology whose levels order the keys; empty: the only Topology, or
+	// the scheduler's --topology-keys.
+	// +optional
+	Topology string `json:"topology,omitempty"`
 }
 
 // WorkloadReference points at the top-level workload of a gang.
@@ -167,11 +199,28 @@ type PodGroupStatus struct {
 	// Failed is how many pods of the gang have failed.
 	// +optional
 	Failed int32 `json:"failed,omitempty"`
+	// QueuePosition is where a waiting gang stands: its place among the waiting gangs of
+	// its queue and among all waiting gangs, in the order the scheduler tries them. Unset
+	// while the gang is not ready to be placed (pods or claims missing, no queue) and once
+	// it is placed. Published at most every --queue-position-period per gang (positions
+	// move with every gang ahead that is placed).
+	// +optional
+	QueuePosition *QueuePosition `json:"queuePosition,omitempty"`
 	// Conditions: Scheduled, QueueResolved, Mapped.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// QueuePosition is a waiting gang's place in line (1 is next).
+type QueuePosition struct {
+	// InQueue is the position among the waiting gangs of the gang's queue (priority, then
+	// age).
+	InQueue int32 `json:"inQueue"`
+	// Overall is the position among all waiting gangs of the cluster: queues take turns by
+	// fair share, as the scheduler takes them.
+	Overall int32 `json:"overall"`
 }
 
 // PodGroupList is a list of PodGroups.

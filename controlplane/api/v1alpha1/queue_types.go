@@ -109,11 +109,37 @@ type QueueStatus struct {
 	// Requested is the usage of bound pods plus the demand of waiting gangs.
 	// +optional
 	Requested map[string]resource.Quantity `json:"requested,omitempty"`
+	// FairShare is what the queue deserves now, per resource: its quota (as far as it
+	// wants it), then its share of the rest of its parent's fair share by over-quota
+	// weight — lowered by past usage (Usage) — among the siblings that want more. A queue
+	// below its fair share may reclaim from siblings above theirs.
+	// +optional
+	FairShare map[string]resource.Quantity `json:"fairShare,omitempty"`
+	// Usage is the queue's past usage, kept by the scheduler across restarts.
+	// +optional
+	Usage *QueueUsage `json:"usage,omitempty"`
 	// Conditions: Valid.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// QueueUsage is a queue's usage history: per resource, an exponentially decayed average of
+// what the queue (with its descendants) held, as a fraction of the cluster's capacity. An
+// hour of the whole cluster an hour ago counts as much as half an hour of it now when the
+// half-life is an hour. It shrinks the queue's over-quota share (see FairShare).
+type QueueUsage struct {
+	// Average per resource (gpu, cpu, memory), 0 to 1, in thousandths ("250m" is a quarter
+	// of the cluster on average).
+	// +optional
+	Average map[string]resource.Quantity `json:"average,omitempty"`
+	// HalfLife the average decays with.
+	// +optional
+	HalfLife metav1.Duration `json:"halfLife,omitempty"`
+	// UpdateTime is when Average was computed; a scheduler that starts continues from it.
+	// +optional
+	UpdateTime metav1.Time `json:"updateTime,omitempty"`
 }
 
 // QueueList is a list of Queues.
