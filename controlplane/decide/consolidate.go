@@ -172,7 +172,9 @@ func placeAgain(ctx context.Context, cfg Config, sim *snapshot.Snapshot, moved [
 		again := p.DeepCopy()
 		again.Spec.NodeName = ""
 		again.UID += "-moved"
-		claims, consumers, missing := podClaims(sim, again, gangOf[p.UID])
+		// The moved pod's own claims stand in for those of the pod its controller recreates, so
+		// that they are "another pod's" (the copy has a new UID) does not matter here.
+		claims, consumers, missing, _ := podClaims(sim, again, gangOf[p.UID])
 		if len(missing) > 0 {
 			return false
 		}
