@@ -134,8 +134,8 @@ func sourceNames(t *testing.T, dir string) []string {
 func TestDefaultRender(t *testing.T) {
 	r := render(t, testNamespace, "")
 
-	if got, want := names(r.CRDs), sourceNames(t, "crds"); !slices.Equal(got, want) || len(got) != 3 {
-		t.Errorf("CRDs = %v, want the three of deployments/crds %v", got, want)
+	if got, want := names(r.CRDs), sourceNames(t, "crds"); !slices.Equal(got, want) || len(got) != 4 {
+		t.Errorf("CRDs = %v, want the four of deployments/crds %v", got, want)
 	}
 	if got, want := names(ofKind(r, "DeviceClass")), sourceNames(t, "deviceclasses"); !slices.Equal(got, want) || len(got) != 3 {
 		t.Errorf("DeviceClasses = %v, want the three of deployments/deviceclasses %v", got, want)
