@@ -257,7 +257,9 @@ func addNode(ctx context.Context, t *testing.T, kube kubernetes.Interface, name 
 		if _, err := kube.ResourceV1().ResourceSlices().Create(ctx, s, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = kube.ResourceV1().ResourceSlices().Delete(context.Background(), s.Name, metav1.DeleteOptions{}) })
+		t.Cleanup(func() {
+			_ = kube.ResourceV1().ResourceSlices().Delete(context.Background(), s.Name, metav1.DeleteOptions{})
+		})
 	}
 	return name
 }
@@ -377,4 +379,3 @@ func startKubeScheduler(t *testing.T, cp *framework.ControlPlane) {
 		}
 	})
 }
-
