@@ -1,6 +1,7 @@
 package shadow_test
 
 import (
+	"bytes"
 	"context"
 	"net"
 	"net/http"
@@ -20,7 +21,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -186,9 +186,23 @@ func TestShadowAgainstKubeScheduler(t *testing.T) {
 	for _, r := range reports {
 		list = append(list, *r)
 	}
-	tot := shadowreport.Summarize(list, time.Now()).Totals
+	sum := shadowreport.Summarize(list, time.Now())
+	tot := sum.Totals
 	if tot.PlacedByBoth != 2 || tot.PlacedByActualOnly != 1 || tot.PlacedByNeither != 1 || tot.Deadlocks != 1 || tot.QuotaViolations != 1 {
 		t.Errorf("totals = %+v", tot)
+	}
+	var table bytes.Buffer
+	if err := shadowreport.WriteTable(&table, sum); err != nil {
+		t.Fatal(err)
+	}
+	bigLine := ""
+	for _, l := range strings.Split(table.String(), "\n") {
+		if strings.Contains(l, "Job "+ns+"/big") {
+			bigLine = l
+		}
+	}
+	if !strings.Contains(bigLine, "4/12") || !strings.Contains(bigLine, "Waiting/Unschedulable") || !strings.Contains(bigLine, "deadlocked") {
+		t.Errorf("report table line of the half-placed gang = %q\n%s", bigLine, table.String())
 	}
 
 	// Nothing but reports written.
@@ -325,21 +339,17 @@ func waitBound(ctx context.Context, t *testing.T, kube kubernetes.Interface, ns,
 	}
 }
 
-// listReports returns the reports by the name of their Job.
+// listReports returns the reports by the name of their Job, read as the CLI reads them.
 func listReports(ctx context.Context, t *testing.T, dyn dynamic.Interface, ns string) map[string]*shadowv1.ShadowReport {
 	t.Helper()
-	list, err := dyn.Resource(shadowv1.Resource).Namespace(ns).List(ctx, metav1.ListOptions{})
+	list, err := shadowreport.Load(ctx, dyn, ns)
 	if err != nil {
 		t.Fatal(err)
 	}
 	out := map[string]*shadowv1.ShadowReport{}
-	for i := range list.Items {
-		r := &shadowv1.ShadowReport{}
-		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(list.Items[i].Object, r); err != nil {
-			t.Fatal(err)
-		}
-		w := r.Gang.Workload
-		out[w[strings.LastIndex(w, "/")+1:]] = r
+	for i := range list {
+		w := list[i].Gang.Workload
+		out[w[strings.LastIndex(w, "/")+1:]] = &list[i]
 	}
 	return out
 }

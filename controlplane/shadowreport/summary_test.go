@@ -18,24 +18,7 @@ func at(t0 time.Time, s int) *metav1.MicroTime {
 // TestSummarize: a gang both placed, one the other scheduler half-placed and tessera held
 // back, one tessera would have placed that the other never did, and a mapping error.
 func TestSummarize(t *testing.T) {
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	now := t0.Add(100 * time.Second)
-	reports := []shadowv1.ShadowReport{
-		{
-			Gang:    shadowv1.Gang{Namespace: "a", Name: "both", MinMember: 2, ReadyTime: at(t0, 0), MappedReason: v1alpha1.ReasonCatalog},
-			Actual:  shadowv1.Actual{Bound: 2, FirstBoundTime: at(t0, 1), FullyBoundTime: at(t0, 4), PartialStartTime: at(t0, 1), PartialEndTime: at(t0, 4), MaxPartial: 1},
-			Tessera: shadowv1.Tessera{Decision: shadowv1.DecisionPlaced, DecidedTime: at(t0, 1), Cycles: 1},
-		},
-		{
-			Gang:    shadowv1.Gang{Namespace: "a", Name: "half", MinMember: 12, ReadyTime: at(t0, 10)},
-			Actual:  shadowv1.Actual{Bound: 8, FirstBoundTime: at(t0, 20), PartialStartTime: at(t0, 20), MaxPartial: 8, DeadlockTime: at(t0, 90)},
-			Tessera: shadowv1.Tessera{Decision: shadowv1.DecisionWaiting, Reason: v1alpha1.ReasonUnschedulable},
-		},
-		{
-			Gang:    shadowv1.Gang{Namespace: "b", Name: "pod-x", MinMember: 1, ReadyTime: at(t0, 50), MappedReason: v1alpha1.ReasonUnknownWorkload, MappedMessage: "no definition"},
-			Tessera: shadowv1.Tessera{Decision: shadowv1.DecisionPlaced, DecidedTime: at(t0, 52), Cycles: 3},
-		},
-	}
+	reports, now := sample()
 	s := Summarize(reports, now)
 	tt := s.Totals
 	if tt.Gangs != 3 || tt.PlacedByBoth != 1 || tt.PlacedByTesseraOnly != 1 || tt.PlacedByNeither != 1 || tt.PlacedByActualOnly != 0 {
@@ -68,4 +51,26 @@ func TestPercentile(t *testing.T) {
 			t.Errorf("p%v = %v, want %v", p, got, want)
 		}
 	}
+}
+
+// sample: a gang both placed, one the other scheduler half-placed and tessera held back
+// (deadlocked), and a pod the catalog could not map that tessera would have placed.
+func sample() ([]shadowv1.ShadowReport, time.Time) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	return []shadowv1.ShadowReport{
+		{
+			Gang:    shadowv1.Gang{Namespace: "a", Name: "both", MinMember: 2, ReadyTime: at(t0, 0), MappedReason: v1alpha1.ReasonCatalog},
+			Actual:  shadowv1.Actual{Bound: 2, FirstBoundTime: at(t0, 1), FullyBoundTime: at(t0, 4), PartialStartTime: at(t0, 1), PartialEndTime: at(t0, 4), MaxPartial: 1},
+			Tessera: shadowv1.Tessera{Decision: shadowv1.DecisionPlaced, DecidedTime: at(t0, 1), Cycles: 1},
+		},
+		{
+			Gang:    shadowv1.Gang{Namespace: "a", Name: "half", MinMember: 12, ReadyTime: at(t0, 10)},
+			Actual:  shadowv1.Actual{Bound: 8, FirstBoundTime: at(t0, 20), PartialStartTime: at(t0, 20), MaxPartial: 8, DeadlockTime: at(t0, 90)},
+			Tessera: shadowv1.Tessera{Decision: shadowv1.DecisionWaiting, Reason: v1alpha1.ReasonUnschedulable},
+		},
+		{
+			Gang:    shadowv1.Gang{Namespace: "b", Name: "pod-x", MinMember: 1, ReadyTime: at(t0, 50), MappedReason: v1alpha1.ReasonUnknownWorkload, MappedMessage: "no definition"},
+			Tessera: shadowv1.Tessera{Decision: shadowv1.DecisionPlaced, DecidedTime: at(t0, 52), Cycles: 3},
+		},
+	}, t0.Add(100 * time.Second)
 }
