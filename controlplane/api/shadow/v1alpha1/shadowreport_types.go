@@ -106,8 +106,8 @@ type Actual struct {
 	// unschedulable, and no pod of it bound for the deadlock timeout.
 	// +optional
 	DeadlockTime *metav1.MicroTime `json:"deadlockTime,omitempty"`
-	// DeadlockMessage says what it was waiting for and which other partly placed gangs held
-	// capacity meanwhile.
+	// DeadlockMessage says how many pods were bound and waiting, for how long, and why the
+	// scheduler in use found the first waiting pod unschedulable.
 	// +optional
 	DeadlockMessage string `json:"deadlockMessage,omitempty"`
 	// Nodes the gang's bound pods are on, sorted.
