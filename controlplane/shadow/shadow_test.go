@@ -17,10 +17,12 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	v1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -36,6 +38,7 @@ import (
 	"github.com/tessera-gpu/tessera/controlplane/mapper"
 	"github.com/tessera-gpu/tessera/controlplane/shadow"
 	"github.com/tessera-gpu/tessera/controlplane/shadowreport"
+	"github.com/tessera-gpu/tessera/deployments"
 	"github.com/tessera-gpu/tessera/test/framework"
 )
 
@@ -99,9 +102,10 @@ func TestShadowAgainstKubeScheduler(t *testing.T) {
 		}
 	}
 
-	// The shadow, with every request it makes recorded.
+	// The shadow, as the chart's shadow-mode service account (read-only RBAC plus its
+	// reports), with every request it makes recorded.
 	rec := &writeRecorder{}
-	cfg := rest.CopyConfig(cp.Config)
+	cfg := chartIdentity(ctx, t, cp, reportNS)
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { rec.next = rt; return rec })
 	cat, err := catalog.New(nil)
 	if err != nil {
@@ -220,6 +224,54 @@ func TestShadowAgainstKubeScheduler(t *testing.T) {
 	if after := len(rec.list()); after != before {
 		t.Errorf("%d writes in 2 s of a quiet cluster", after-before)
 	}
+}
+
+// chartIdentity creates the service account, roles and bindings the chart renders with
+// scheduler.shadow.enabled in the release namespace ns, and returns a configuration that
+// acts as that service account.
+func chartIdentity(ctx context.Context, t *testing.T, cp *framework.ControlPlane, ns string) *rest.Config {
+	t.Helper()
+	prefix := framework.UniqueName("shadow")
+	r, err := deployments.Render(deployments.Options{Namespace: ns, Values: map[string]any{
+		"fullnameOverride": prefix,
+		"scheduler":        map[string]any{"shadow": map[string]any{"enabled": true}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn := dynamic.NewForConfigOrDie(cp.Config)
+	rbac := func(res string) schema.GroupVersionResource { return rbacv1.SchemeGroupVersion.WithResource(res) }
+	gvr := map[string]schema.GroupVersionResource{
+		"ServiceAccount": v1.SchemeGroupVersion.WithResource("serviceaccounts"),
+		"ClusterRole":    rbac("clusterroles"), "ClusterRoleBinding": rbac("clusterrolebindings"),
+		"Role": rbac("roles"), "RoleBinding": rbac("rolebindings"),
+	}
+	for _, obj := range r.Objects {
+		g, ok := gvr[obj.GetKind()]
+		if !ok || !strings.HasPrefix(obj.GetName(), prefix+"-scheduler") {
+			continue
+		}
+		var ri dynamic.ResourceInterface = dyn.Resource(g)
+		if obj.GetNamespace() != "" {
+			ri = dyn.Resource(g).Namespace(obj.GetNamespace())
+		}
+		if _, err := ri.Create(ctx, obj, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("create %s %s: %v", obj.GetKind(), obj.GetName(), err)
+		}
+		t.Cleanup(func() { _ = ri.Delete(context.Background(), obj.GetName(), metav1.DeleteOptions{}) })
+	}
+	cfg := rest.CopyConfig(cp.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:" + ns + ":" + prefix + "-scheduler",
+		Groups: []string{"system:authenticated", "system:serviceaccounts", "system:serviceaccounts:" + ns}}
+	// RBAC takes effect once the authorizer's caches have the new roles.
+	kube := kubernetes.NewForConfigOrDie(cfg)
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, err := kube.ResourceV1().ResourceClaims("").List(ctx, metav1.ListOptions{Limit: 1})
+		return err == nil, nil
+	}); err != nil {
+		t.Fatalf("the chart's shadow service account cannot list claims: %v", err)
+	}
+	return cfg
 }
 
 func install(ctx context.Context, t *testing.T, cp *framework.ControlPlane, kube kubernetes.Interface, sc *client.Client) {
