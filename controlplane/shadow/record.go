@@ -274,14 +274,20 @@ func (r *record) observeGang(w *world, g *observed) {
 	}
 	if minMember > 1 && a.FirstBoundTime != nil {
 		a.PartialStartTime = a.FirstBoundTime
-		end := w.now
 		if a.FullyBoundTime != nil {
 			a.PartialEndTime = a.FullyBoundTime
-			end = a.FullyBoundTime.Time
-		} else if rep.Gang.EndedTime != nil {
-			end = rep.Gang.EndedTime.Time
+			// The pods bound before the minMember-th (for bindings the shadow did not watch
+			// one by one, e.g. before it started).
+			before := int32(0)
+			for _, t := range times {
+				if t.Before(a.FullyBoundTime.Time) {
+					before++
+				}
+			}
+			a.MaxPartial = max(a.MaxPartial, min(before, minMember-1))
+		} else {
+			a.MaxPartial = max(a.MaxPartial, min(int32(len(g.bound)), minMember-1))
 		}
-		a.MaxPartial = longestStretch(times, end, int(minMember))
 		if a.PartialEndTime != nil && !a.PartialEndTime.After(a.PartialStartTime.Time) {
 			// Bound at once: never partly placed.
 			a.PartialStartTime, a.PartialEndTime, a.MaxPartial = nil, nil, 0
@@ -313,22 +319,6 @@ func readyAt(w *world, g *observed, minMember int32) (time.Time, bool) {
 		}
 	}
 	return at, true
-}
-
-// longestStretch: the number of pods bound during the longest stretch of the partial span
-// (times sorted; the span ends at end or at the minMember-th binding).
-func longestStretch(times []time.Time, end time.Time, minMember int) int32 {
-	best, bestDur := 0, time.Duration(-1)
-	for i := 0; i < len(times) && i+1 < minMember; i++ {
-		until := end
-		if i+1 < len(times) && times[i+1].Before(end) {
-			until = times[i+1]
-		}
-		if d := until.Sub(times[i]); d > bestDur {
-			best, bestDur = i+1, d
-		}
-	}
-	return int32(best)
 }
 
 // checkDeadlock: partly placed, every waiting pod unschedulable by its scheduler, and no
