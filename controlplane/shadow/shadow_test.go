@@ -3,6 +3,7 @@ package shadow_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net"
 	"net/http"
 	"os"
@@ -115,17 +116,23 @@ func TestShadowAgainstKubeScheduler(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer res.Resolver.Shutdown()
+	defer func() {
+		cancel() // the resolver's informers stop with ctx
+		res.Resolver.Shutdown()
+	}()
 	s, err := shadow.New(cfg, shadow.Options{Namespace: reportNS, Resolver: res, Period: 200 * time.Millisecond, DeadlockAfter: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
+	runCtx, stopShadow := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	defer func() {
-		cancel()
-		<-done
-	}()
+	go func() { done <- s.Run(runCtx) }()
+	var runErr error
+	stopFirst := sync.OnceFunc(func() {
+		stopShadow()
+		runErr = <-done
+	})
+	defer stopFirst()
 	startKubeScheduler(t, cp)
 
 	createJob(ctx, t, kube, ns, "small", open, "gpu", whole, 2)
@@ -223,6 +230,39 @@ func TestShadowAgainstKubeScheduler(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	if after := len(rec.list()); after != before {
 		t.Errorf("%d writes in 2 s of a quiet cluster", after-before)
+	}
+
+	// A restarted shadow continues the reports it finds: on the same cluster it has nothing
+	// to rewrite.
+	settled := listReports(ctx, t, dyn, reportNS)
+	stopFirst()
+	if runErr != nil && !errors.Is(runErr, context.Canceled) {
+		t.Errorf("shadow run: %v", runErr)
+	}
+	s2, err := shadow.New(cfg, shadow.Options{Namespace: reportNS, Resolver: res, Period: 200 * time.Millisecond, DeadlockAfter: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx2, stop2 := context.WithCancel(ctx)
+	done2 := make(chan error, 1)
+	go func() { done2 <- s2.Run(runCtx2) }()
+	defer func() {
+		stop2()
+		<-done2
+	}()
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		return s2.Cycles() >= 5, nil
+	}); err != nil {
+		t.Fatalf("restarted shadow ran %d cycles: %v", s2.Cycles(), err)
+	}
+	if after := rec.list(); len(after) != before {
+		t.Errorf("the restarted shadow rewrote its reports: %v", after[before:])
+	}
+	again := listReports(ctx, t, dyn, reportNS)
+	for k, r := range settled {
+		if a := again[k]; a == nil || a.ResourceVersion != r.ResourceVersion {
+			t.Errorf("report %s changed across the restart", k)
+		}
 	}
 }
 
