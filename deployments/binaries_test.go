@@ -224,9 +224,15 @@ func nodeDir(t *testing.T) string {
 // the chart's service account.
 func startScheduler(t *testing.T, c *cluster, ns, prefix string) *process {
 	t.Helper()
+	return startSchedulerWith(t, c, ns, prefix, "")
+}
+
+// startSchedulerWith is startScheduler with more chart values (", scheduler: {...}").
+func startSchedulerWith(t *testing.T, c *cluster, ns, prefix, values string) *process {
+	t.Helper()
 	bin := binary(t, "tessera-scheduler")
 	kubeconfig := saKubeconfig(t, c, t.TempDir(), ns, prefix+"-scheduler", nil)
-	dep := typed(t, render(t, ns, "{fullnameOverride: "+prefix+"}"), "Deployment", prefix+"-scheduler", &appsv1.Deployment{})
+	dep := typed(t, render(t, ns, "{fullnameOverride: "+prefix+values+"}"), "Deployment", prefix+"-scheduler", &appsv1.Deployment{})
 	args := append(dep.Spec.Template.Spec.Containers[0].Args, "--kubeconfig="+kubeconfig, "--metrics-bind-address=127.0.0.1:0")
 	return startProcess(t, "tessera-scheduler", bin, args, nil)
 }

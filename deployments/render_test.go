@@ -134,8 +134,8 @@ func sourceNames(t *testing.T, dir string) []string {
 func TestDefaultRender(t *testing.T) {
 	r := render(t, testNamespace, "")
 
-	if got, want := names(r.CRDs), sourceNames(t, "crds"); !slices.Equal(got, want) || len(got) != 4 {
-		t.Errorf("CRDs = %v, want the four of deployments/crds %v", got, want)
+	if got, want := names(r.CRDs), sourceNames(t, "crds"); !slices.Equal(got, want) || len(got) != 5 {
+		t.Errorf("CRDs = %v, want the five of deployments/crds %v", got, want)
 	}
 	if got, want := names(ofKind(r, "DeviceClass")), sourceNames(t, "deviceclasses"); !slices.Equal(got, want) || len(got) != 3 {
 		t.Errorf("DeviceClasses = %v, want the three of deployments/deviceclasses %v", got, want)
@@ -321,6 +321,43 @@ var combinations = []struct {
 			checkPartition(t, r, func(cfg *partition.Config) bool {
 				return cfg.Default.GPUs[0].Mode == partition.ModeDevicePlugin
 			})
+		},
+	},
+	{
+		name:   "shadow mode",
+		values: `scheduler: {shadow: {enabled: true, schedulerNames: [default-scheduler, kai-scheduler], deadlockAfter: 2m}}`,
+		check: func(t *testing.T, r *deployments.Rendered) {
+			dep := typed(t, r, "Deployment", "tessera-scheduler", &appsv1.Deployment{})
+			if dep.Spec.Replicas == nil || *dep.Spec.Replicas != 1 {
+				t.Errorf("shadow replicas = %v, want 1 (no leader election: a Lease is a write)", dep.Spec.Replicas)
+			}
+			args := dep.Spec.Template.Spec.Containers[0].Args
+			for _, a := range []string{"--shadow", "--shadow-scheduler-names=default-scheduler,kai-scheduler", "--shadow-namespace=" + testNamespace, "--shadow-deadlock-after=2m", "--leader-elect=false"} {
+				if !slices.Contains(args, a) {
+					t.Errorf("shadow args %v lack %s", args, a)
+				}
+			}
+			cr := typed(t, r, "ClusterRole", "tessera-scheduler", &rbacv1.ClusterRole{})
+			for _, rule := range cr.Rules {
+				for _, v := range rule.Verbs {
+					if v != "get" && v != "list" && v != "watch" {
+						t.Errorf("shadow ClusterRole grants %s on %v %v: it must be read-only", v, rule.APIGroups, rule.Resources)
+					}
+				}
+			}
+			if !hasRule(cr.Rules, "", "pods", "watch") || !hasRule(cr.Rules, "resource.k8s.io", "resourceclaims", "list") || !hasRule(cr.Rules, "batch", "jobs", "get") {
+				t.Errorf("shadow ClusterRole cannot read pods, claims and workloads: %v", cr.Rules)
+			}
+			role := typed(t, r, "Role", "tessera-scheduler-shadow-reports", &rbacv1.Role{})
+			if role.Namespace != testNamespace || !hasRule(role.Rules, "scheduling.tessera.dev", "shadowreports", "create") || len(role.Rules) != 1 {
+				t.Errorf("shadow reports Role = %+v, want create on shadowreports only, in the release namespace", role)
+			}
+			if got := names(ofKind(r, "Role")); slices.Contains(got, "tessera-scheduler-leader-election") {
+				t.Errorf("Roles %v: shadow mode takes no Lease", got)
+			}
+			if pdbs := ofKind(r, "PodDisruptionBudget"); len(pdbs) != 0 {
+				t.Errorf("PodDisruptionBudgets %v: one shadow replica must stay drainable", names(pdbs))
+			}
 		},
 	},
 	{

@@ -228,7 +228,7 @@ func Start(ctx context.Context, opts Options) (s *Sandbox, err error) {
 	if err != nil {
 		return nil, err
 	}
-	s.say("installing CRDs (Queue, PodGroup, WorkloadDefinition) and DeviceClasses")
+	s.say("installing CRDs (Queue, PodGroup, ShadowReport, WorkloadDefinition) and DeviceClasses")
 	if _, err := ap.applyFS(ctx, crds.FS); err != nil {
 		return nil, fmt.Errorf("install CRDs: %w", err)
 	}

@@ -18,6 +18,7 @@ func TestBadFlagsAreNamed(t *testing.T) {
 		"--kube-api-qps=0": "--kube-api-qps and --kube-api-burst must be positive",
 		"--leader-elect-lease-duration=1s --leader-elect-renew-deadline=2s": "--leader-elect-lease-duration (1s) must be longer",
 		"--kubeconfig=/does/not/exist":                                      `--kubeconfig "/does/not/exist"`,
+		"--shadow --shadow-deadlock-after=0":                                "--shadow-deadlock-after must be positive",
 	} {
 		fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
 		o := newOptions()

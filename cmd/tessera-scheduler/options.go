@@ -46,6 +46,12 @@ type options struct {
 	volumeBind         time.Duration
 	jointSteps         int64
 	maxSteps           int64
+	shadow             bool
+	shadowSchedulers   []string
+	shadowNamespace    string
+	shadowDeadlock     time.Duration
+	shadowReportTTL    time.Duration
+	shadowAllGangs     bool
 	logging            *logsapi.LoggingConfiguration
 	featureGate        featuregate.MutableVersionedFeatureGate
 }
@@ -76,11 +82,18 @@ func newOptions() *options {
 		volumeBind:         10 * time.Minute,
 		jointSteps:         10000,
 		maxSteps:           500000,
+		shadowSchedulers:   []string{"default-scheduler", "tessera-scheduler"},
+		shadowNamespace:    os.Getenv("POD_NAMESPACE"),
+		shadowDeadlock:     5 * time.Minute,
+		shadowReportTTL:    24 * time.Hour,
 		logging:            logsapi.NewLoggingConfiguration(),
 		featureGate:        featuregate.NewFeatureGate(),
 	}
 	if o.leaseNamespace == "" {
 		o.leaseNamespace = "kube-system"
+	}
+	if o.shadowNamespace == "" {
+		o.shadowNamespace = "kube-system"
 	}
 	if err := logsapi.AddFeatureGates(o.featureGate); err != nil {
 		panic(fmt.Sprintf("register logging feature gates: %v", err)) // programming error, at init
@@ -116,6 +129,12 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.Int64Var(&o.jointSteps, "joint-steps", o.jointSteps, "Work bound of one joint device re-allocation of a gang's pods on a node, in structured-allocator steps.")
 	fs.Int64Var(&o.maxSteps, "max-steps", o.maxSteps, "Work bound of one gang's search, in structured-allocator steps (with --max-tries node evaluations).")
 	fs.StringVar(&o.probeNamespace, "feature-probe-namespace", o.probeNamespace, "Namespace in which DRA feature detection dry-runs a ResourceClaim.")
+	fs.BoolVar(&o.shadow, "shadow", o.shadow, "Shadow mode: decide, do not act. Watch the pods of --shadow-scheduler-names, map them to gangs through the catalog, and write one ShadowReport per gang (what tessera would have decided against what the scheduler in use did) into --shadow-namespace; nothing else is written (no bindings, claims, evictions, pod conditions, PodGroups, Events or Leases: --leader-elect is ignored, run one replica).")
+	fs.StringSliceVar(&o.shadowSchedulers, "shadow-scheduler-names", o.shadowSchedulers, "With --shadow: the spec.schedulerName values of the pods to watch (kube-scheduler, KAI, Volcano, tessera itself...).")
+	fs.StringVar(&o.shadowNamespace, "shadow-namespace", o.shadowNamespace, "With --shadow: namespace of the ShadowReports (default $POD_NAMESPACE, else kube-system).")
+	fs.DurationVar(&o.shadowDeadlock, "shadow-deadlock-after", o.shadowDeadlock, "With --shadow: a partly placed gang whose waiting pods are unschedulable and of which no pod was bound for this long is reported deadlocked.")
+	fs.DurationVar(&o.shadowReportTTL, "shadow-report-ttl", o.shadowReportTTL, "With --shadow: reports of gangs that ended are deleted this long after; negative keeps them.")
+	fs.BoolVar(&o.shadowAllGangs, "shadow-all-gangs", o.shadowAllGangs, "With --shadow: report every gang, not only AI gangs (more than one pod, or pods with ResourceClaims or extended resources).")
 	logsapi.AddFlags(o.logging, fs)
 	o.featureGate.AddFlag(fs)
 }
@@ -147,6 +166,10 @@ func (o *options) validate() error {
 		return fmt.Errorf("--usage-half-life must not be negative, got %s", o.usageHalfLife)
 	case o.usageWeight < 0:
 		return fmt.Errorf("--usage-weight must not be negative, got %g", o.usageWeight)
+	case o.shadow && len(o.shadowSchedulers) == 0:
+		return errors.New("--shadow-scheduler-names must name at least one scheduler")
+	case o.shadow && o.shadowDeadlock <= 0:
+		return fmt.Errorf("--shadow-deadlock-after must be positive, got %s", o.shadowDeadlock)
 	case o.parallelism <= 0:
 		return fmt.Errorf("--parallelism must be positive, got %d", o.parallelism)
 	case o.leaderElect && o.leaseDuration <= o.renewDeadline:

@@ -31,6 +31,9 @@ func run(ctx context.Context, o *options) error {
 		return err
 	}
 	cfg.QPS, cfg.Burst = o.kubeAPIQPS, o.kubeAPIBurst
+	if o.shadow {
+		return runShadow(ctx, o, cfg)
+	}
 
 	opts := scheduler.Options{
 		SchedulerName:     o.schedulerName,
@@ -46,7 +49,7 @@ func run(ctx context.Context, o *options) error {
 		VolumeBindTimeout: o.volumeBind,
 	}
 	if o.catalog {
-		res, err := newCatalogResolver(ctx, cfg, o.clusterDefinitions)
+		res, err := newCatalogResolver(ctx, cfg, o.clusterDefinitions, true)
 		if err != nil {
 			return err
 		}
@@ -87,10 +90,11 @@ func run(ctx context.Context, o *options) error {
 }
 
 // newCatalogResolver starts the catalog's pod resolver with the built-in
-// definitions and, with clusterDefs, the cluster's WorkloadDefinitions (each
-// gets an Accepted condition; a broken one leaves the built-in in force). A
-// cluster without the WorkloadDefinition CRD runs on the built-ins alone.
-func newCatalogResolver(ctx context.Context, cfg *rest.Config, clusterDefs bool) (*mapper.CatalogResolver, error) {
+// definitions and, with clusterDefs, the cluster's WorkloadDefinitions (with
+// writeStatus each gets an Accepted condition; a broken one leaves the built-in
+// in force). A cluster without the WorkloadDefinition CRD runs on the built-ins
+// alone.
+func newCatalogResolver(ctx context.Context, cfg *rest.Config, clusterDefs, writeStatus bool) (*mapper.CatalogResolver, error) {
 	cat, err := catalog.New(nil)
 	if err != nil {
 		return nil, fmt.Errorf("catalog: %w", err)
@@ -98,7 +102,7 @@ func newCatalogResolver(ctx context.Context, cfg *rest.Config, clusterDefs bool)
 	if !clusterDefs {
 		return mapper.NewCatalogResolver(ctx, cat, cfg)
 	}
-	res, err := mapper.NewCatalogResolver(ctx, cat, cfg, resolver.WithClusterDefinitions(nil, true))
+	res, err := mapper.NewCatalogResolver(ctx, cat, cfg, resolver.WithClusterDefinitions(nil, writeStatus))
 	if errors.Is(err, resolver.ErrNoDefinitionCRD) {
 		klog.FromContext(ctx).Info("The WorkloadDefinition CRD is not installed: the catalog has the built-in definitions only", "err", err)
 		return mapper.NewCatalogResolver(ctx, cat, cfg)

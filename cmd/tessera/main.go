@@ -26,6 +26,6 @@ func newRootCommand() *cobra.Command {
 		SilenceErrors: true,
 	}
 	cmd.AddCommand(newSandboxCommand(), newTopCommand(), newGetCommand())
-	cmd.AddCommand(newMapCommand(), newCatalogCommand())
+	cmd.AddCommand(newMapCommand(), newCatalogCommand(), newReportCommand())
 	return cmd
 }

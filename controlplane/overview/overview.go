@@ -42,6 +42,8 @@ type Node struct {
 type GPU struct {
 	Minor   int    `json:"minor"`
 	Product string `json:"product,omitempty"`
+	// MemoryBytes is the GPU's memory as its slices publish it (0 when unknown).
+	MemoryBytes int64 `json:"memoryBytes,omitempty"`
 	// Mode is how the GPU is offered: whole, mig (dynamic or static
 	// partitions) or shared (fractions by consumable capacity).
 	Mode string `json:"mode"`
@@ -279,7 +281,7 @@ func buildNodes(slices []resourceapi.ResourceSlice, claims []resourceapi.Resourc
 	}
 	byNode := map[string][]GPU{}
 	for k, g := range gpus {
-		out := GPU{Minor: k.minor, Product: g.product, Mode: g.mode, Used: math.Min(g.usedUnits, 1), Tainted: g.tainted}
+		out := GPU{Minor: k.minor, Product: g.product, MemoryBytes: g.memory, Mode: g.mode, Used: math.Min(g.usedUnits, 1), Tainted: g.tainted}
 		switch {
 		case g.whole:
 			out.Detail = "whole"

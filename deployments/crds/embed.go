@@ -1,4 +1,4 @@
-// Package crds embeds the CustomResourceDefinitions tessera serves (Queue, PodGroup, WorkloadDefinition), so that
+// Package crds embeds the CustomResourceDefinitions tessera serves (Queue, PodGroup, ShadowReport, WorkloadDefinition), so that
 // the sandbox and tests apply the same files that users install.
 package crds
 

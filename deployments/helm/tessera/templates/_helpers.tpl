@@ -75,7 +75,7 @@ message. Every template includes it, so a bad combination fails the render.
 {{- if and $s.enabled (gt (int $s.replicas) 1) (not $s.leaderElection.enabled) -}}
 {{- fail "invalid values: scheduler.replicas > 1 needs scheduler.leaderElection.enabled=true: two active schedulers would place the same pods" -}}
 {{- end -}}
-{{- if and $s.enabled $s.podDisruptionBudget.enabled (ge (int $s.podDisruptionBudget.minAvailable) (int $s.replicas)) (gt (int $s.replicas) 0) -}}
+{{- if and $s.enabled $s.podDisruptionBudget.enabled (not $s.shadow.enabled) (ge (int $s.podDisruptionBudget.minAvailable) (int $s.replicas)) (gt (int $s.replicas) 0) -}}
 {{- fail (printf "invalid values: scheduler.podDisruptionBudget.minAvailable (%d) must be below scheduler.replicas (%d), or no node running a scheduler could ever be drained" (int $s.podDisruptionBudget.minAvailable) (int $s.replicas)) -}}
 {{- end -}}
 {{- if and (eq $n.securityProfile "restricted") (not $n.runtimeClassName) -}}

@@ -1,0 +1,65 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/controlplane/shadow"
+	"github.com/tessera-gpu/tessera/controlplane/solver"
+)
+
+// runShadow runs shadow mode: tessera decides on the cluster as the scheduler in use places
+// it, and writes only its ShadowReports. The catalog follows the cluster's
+// WorkloadDefinitions without writing their Accepted conditions, and there is no leader
+// election (a Lease is a write): the chart runs one replica in shadow mode.
+func runShadow(ctx context.Context, o *options, cfg *rest.Config) error {
+	logger := klog.FromContext(ctx)
+	opts := shadow.Options{
+		SchedulerNames:    o.shadowSchedulers,
+		Namespace:         o.shadowNamespace,
+		Solver:            solver.Config{TopologyKeys: o.topologyKeys, Spread: o.spread, MaxTries: o.maxTries, JointSteps: o.jointSteps, MaxSteps: o.maxSteps},
+		GPUDrivers:        o.gpuDrivers,
+		Period:            o.period,
+		StarvationTimeout: o.starvation,
+		FormationTimeout:  o.formation,
+		DeadlockAfter:     o.shadowDeadlock,
+		ReportTTL:         o.shadowReportTTL,
+		AllGangs:          o.shadowAllGangs,
+	}
+	if o.catalog {
+		res, err := newCatalogResolver(ctx, cfg, o.clusterDefinitions, false)
+		if err != nil {
+			return err
+		}
+		defer res.Resolver.Shutdown()
+		opts.Resolver = res
+	}
+	s, err := shadow.New(cfg, opts)
+	if err != nil {
+		return err
+	}
+	shadow.RegisterMetrics()
+	if o.metricsAddress != "" {
+		srv, err := serveMetrics(ctx, o.metricsAddress)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(shutdownCtx)
+		}()
+	}
+	if o.leaderElect {
+		logger.Info("Shadow mode writes no Lease: --leader-elect is ignored; run one replica")
+	}
+	logger.Info("Starting in shadow mode", "schedulerNames", o.shadowSchedulers, "reportNamespace", o.shadowNamespace)
+	if err := s.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
