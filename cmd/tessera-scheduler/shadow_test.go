@@ -47,7 +47,7 @@ func TestShadowFlag(t *testing.T) {
 		t.Fatal(err)
 	}
 	var files []string
-	for _, f := range []string{"queues", "podgroups", "shadowreports"} {
+	for _, f := range []string{"queues", "podgroups", "shadowreports", "topologies"} {
 		files = append(files, filepath.Join(root, "deployments", "crds", "scheduling.tessera.dev_"+f+".yaml"))
 	}
 	if err := cp.InstallCRDFiles(ctx, files...); err != nil {

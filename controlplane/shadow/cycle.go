@@ -7,6 +7,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
 	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -339,7 +340,16 @@ func (s *Shadow) decide(ctx context.Context, now time.Time, capGen uint64, nodes
 	sort.Slice(in, func(i, j int) bool { return in[i].Key < in[j].Key })
 	cfg := decide.Config{Solver: s.solver, Snapshot: snapCfg, StarvationTimeout: s.opts.StarvationTimeout, FormationTimeout: s.opts.FormationTimeout}
 	start := time.Now()
-	d := decide.Decide(ctx, cfg, decide.Input{Now: now, Snapshot: snap, Raw: raw, Queues: queues, Gangs: in, CapacityGen: capGen}, s.memory)
+	var topologies []*v1alpha1.Topology
+	for _, obj := range s.topoInf.GetStore().List() {
+		topologies = append(topologies, obj.(*v1alpha1.Topology))
+	}
+	var priorityClasses []*schedulingv1.PriorityClass
+	for _, obj := range s.pcInf.GetStore().List() {
+		priorityClasses = append(priorityClasses, obj.(*schedulingv1.PriorityClass))
+	}
+	d := decide.Decide(ctx, cfg, decide.Input{Now: now, Snapshot: snap, Raw: raw, Queues: queues, Gangs: in, CapacityGen: capGen,
+		Topologies: topologies, PriorityClasses: decide.PriorityClassesByName(priorityClasses)}, s.memory)
 	decideLatency.Observe(time.Since(start).Seconds())
 	if ctx.Err() != nil {
 		return
@@ -357,9 +367,9 @@ func (s *Shadow) decide(ctx context.Context, now time.Time, capGen uint64, nodes
 			continue
 		}
 		switch e.Reason {
-		case decide.ReasonReclaiming:
+		case decide.ReasonReclaiming, decide.ReasonPreempting:
 			reclaimFor = pg.Namespace + "/" + pg.Name
-		case decide.ReasonReclaimed:
+		case decide.ReasonReclaimed, decide.ReasonPreempted:
 			victims = append(victims, pg.Namespace+"/"+pg.Name)
 		}
 	}

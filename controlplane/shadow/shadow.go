@@ -81,10 +81,14 @@ type Shadow struct {
 	kube   kubernetes.Interface
 	mapper *mapper.Mapper
 
-	factory   informers.SharedInformerFactory
-	podInf    cache.SharedIndexInformer
-	queueInf  cache.SharedIndexInformer
-	pgInf     cache.SharedIndexInformer
+	factory  informers.SharedInformerFactory
+	podInf   cache.SharedIndexInformer
+	queueInf cache.SharedIndexInformer
+	pgInf    cache.SharedIndexInformer
+	// topoInf and pcInf: Topologies and PriorityClasses, which the decision reads as the
+	// acting scheduler's does (gang topology levels; non-preemptible classes).
+	topoInf   cache.SharedIndexInformer
+	pcInf     cache.SharedIndexInformer
 	upstream  cache.SharedIndexInformer
 	informers []cache.SharedIndexInformer
 	slices    *tracker.Tracker
@@ -192,6 +196,8 @@ func New(cfg *rest.Config, opts Options) (*Shadow, error) {
 	}}
 	s.queueInf = cache.NewSharedIndexInformer(sc.QueueListWatch(), &v1alpha1.Queue{}, 0, cache.Indexers{})
 	s.pgInf = cache.NewSharedIndexInformer(sc.PodGroupListWatch(), &v1alpha1.PodGroup{}, 0, cache.Indexers{})
+	s.topoInf = cache.NewSharedIndexInformer(sc.TopologyListWatch(), &v1alpha1.Topology{}, 0, cache.Indexers{})
+	s.pcInf = s.factory.Scheduling().V1().PriorityClasses().Informer()
 	claimInf := s.factory.Resource().V1().ResourceClaims().Informer()
 	s.informers = []cache.SharedIndexInformer{
 		s.podInf, nsInf, claimInf,
@@ -200,7 +206,7 @@ func New(cfg *rest.Config, opts Options) (*Shadow, error) {
 		s.factory.Resource().V1().DeviceClasses().Informer(),
 		s.factory.Core().V1().PersistentVolumeClaims().Informer(),
 		s.factory.Core().V1().PersistentVolumes().Informer(),
-		s.queueInf, s.pgInf,
+		s.queueInf, s.pgInf, s.topoInf, s.pcInf,
 	}
 	if podGroups {
 		s.upstream = s.factory.Scheduling().V1beta1().PodGroups().Informer()
@@ -337,7 +343,7 @@ func (s *Shadow) Run(ctx context.Context) error {
 	defer stop()
 	s.factory.Start(infCtx.Done())
 	defer s.factory.Shutdown()
-	for _, inf := range []cache.SharedIndexInformer{s.queueInf, s.pgInf} {
+	for _, inf := range []cache.SharedIndexInformer{s.queueInf, s.pgInf, s.topoInf} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

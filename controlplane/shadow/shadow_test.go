@@ -321,7 +321,7 @@ func install(ctx context.Context, t *testing.T, cp *framework.ControlPlane, kube
 		t.Fatal(err)
 	}
 	var files []string
-	for _, f := range []string{"scheduling.tessera.dev_queues.yaml", "scheduling.tessera.dev_podgroups.yaml", "scheduling.tessera.dev_shadowreports.yaml"} {
+	for _, f := range []string{"scheduling.tessera.dev_queues.yaml", "scheduling.tessera.dev_podgroups.yaml", "scheduling.tessera.dev_shadowreports.yaml", "scheduling.tessera.dev_topologies.yaml"} {
 		files = append(files, filepath.Join(root, "deployments", "crds", f))
 	}
 	if err := cp.InstallCRDFiles(ctx, files...); err != nil {

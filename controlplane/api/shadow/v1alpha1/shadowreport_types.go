@@ -162,8 +162,9 @@ type Tessera struct {
 	// placement (same measure as Actual's).
 	// +optional
 	FragmentationPercent *int32 `json:"fragmentationPercent,omitempty"`
-	// Reclaim lists the gangs (namespace/name) tessera would have evicted to give the gang's
-	// queue its quota back.
+	// Reclaim lists the gangs (namespace/name) tessera would have evicted for this gang: to
+	// give its queue its quota or fair share back (reclaim), or because it has the higher
+	// priority in its queue (preemption).
 	// +optional
 	Reclaim []string `json:"reclaim,omitempty"`
 }
