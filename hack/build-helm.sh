@@ -19,10 +19,13 @@ if [[ ! -x $out/helm ]]; then
   tmp=$(mktemp -d "$(dirname "$out")/.tmp.XXXXXX")
   # `go install pkg@version` builds with Helm's own go.mod, not tessera's.
   # Its output (module downloads) is shown only if it fails.
-  if ! out=$(GOBIN=$tmp CGO_ENABLED=0 go install -trimpath \
+  # (Its own variable: this once reused $out, so a build that printed module
+  # downloads went into a directory named after them, and one that printed
+  # nothing failed at `mkdir -p ""` — found by a run with empty caches.)
+  if ! log=$(GOBIN=$tmp CGO_ENABLED=0 go install -trimpath \
     -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$version -X helm.sh/helm/v3/internal/version.gitTreeState=clean" \
     "helm.sh/helm/v3/cmd/helm@$version" 2>&1); then
-    echo "$out" >&2
+    echo "$log" >&2
     rm -rf "$tmp"
     exit 1
   fi
