@@ -434,12 +434,15 @@ func (h *harness) checkClaims(ctx context.Context, pods []podInfo) error {
 			if err != nil {
 				return fmt.Errorf("claim of bound pod %s: %w", p.pod.Name, err)
 			}
-			if c.Status.Allocation == nil {
-				return fmt.Errorf("pod %s is bound to %s but claim %s is not allocated", p.pod.Name, p.pod.Spec.NodeName, c.Name)
-			}
 			reserved := false
 			for _, r := range c.Status.ReservedFor {
 				reserved = reserved || r.UID == p.pod.UID
+			}
+			if (c.Status.Allocation == nil || !reserved) && h.podEnded(ctx, p.pod) {
+				continue // it ended after it was listed, and its claim was released since
+			}
+			if c.Status.Allocation == nil {
+				return fmt.Errorf("pod %s is bound to %s but claim %s is not allocated", p.pod.Name, p.pod.Spec.NodeName, c.Name)
 			}
 			if !reserved {
 				return fmt.Errorf("pod %s is bound but claim %s is not reserved for it", p.pod.Name, c.Name)
@@ -450,6 +453,16 @@ func (h *harness) checkClaims(ctx context.Context, pods []podInfo) error {
 		}
 	}
 	return nil
+}
+
+// podEnded reports whether the pod has finished, is being deleted or is gone now: a stage's
+// pods can end between the listing and the claim's read (a dependsOn stage that completes).
+func (h *harness) podEnded(ctx context.Context, pod *corev1.Pod) bool {
+	cur, err := h.client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+	if err != nil {
+		return apierrors.IsNotFound(err)
+	}
+	return cur.UID != pod.UID || cur.DeletionTimestamp != nil || cur.Status.Phase == corev1.PodSucceeded || cur.Status.Phase == corev1.PodFailed
 }
 
 func (h *harness) checkAlive() error {
