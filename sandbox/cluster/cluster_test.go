@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tessera-gpu/tessera/sandbox/internal/proc"
 )
 
 func TestMain(m *testing.M) {
@@ -25,9 +27,9 @@ const childEnv = "TESSERA_FRAMEWORK_CHILD"
 
 func (cp *ControlPlane) pids() []int {
 	var pids []int
-	for _, p := range []*process{cp.etcd, cp.apiserver, cp.kcm} {
+	for _, p := range []*proc.Process{cp.etcd, cp.apiserver, cp.kcm} {
 		if p != nil {
-			pids = append(pids, p.cmd.Process.Pid)
+			pids = append(pids, p.Pid())
 		}
 	}
 	return pids

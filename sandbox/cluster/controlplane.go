@@ -30,6 +30,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	certutil "k8s.io/client-go/util/cert"
 
+	"github.com/tessera-gpu/tessera/sandbox/internal/proc"
 	"github.com/tessera-gpu/tessera/sandbox/k8sbin"
 )
 
@@ -107,9 +108,9 @@ type ControlPlane struct {
 	BinDir string
 
 	ownDir    bool
-	etcd      *process
-	apiserver *process
-	kcm       *process
+	etcd      *proc.Process
+	apiserver *proc.Process
+	kcm       *proc.Process
 }
 
 // Start launches a control plane and waits until the API server is ready and
@@ -266,9 +267,9 @@ func (cp *ControlPlane) Stop() {
 	if cp == nil {
 		return
 	}
-	cp.kcm.stop(10 * time.Second)
-	cp.apiserver.stop(15 * time.Second)
-	cp.etcd.stop(10 * time.Second)
+	stopProcess(cp.kcm, 10*time.Second)
+	stopProcess(cp.apiserver, 15*time.Second)
+	stopProcess(cp.etcd, 10*time.Second)
 	if cp.ownDir && cp.Dir != "" && os.Getenv("TESSERA_KEEP_CONTROL_PLANE") == "" {
 		_ = os.RemoveAll(cp.Dir)
 	}
@@ -277,21 +278,21 @@ func (cp *ControlPlane) Stop() {
 // LogTail returns the end of one component's log ("etcd", "kube-apiserver",
 // "kube-controller-manager"), for failure messages.
 func (cp *ControlPlane) LogTail(component string, lines int) string {
-	for _, p := range []*process{cp.etcd, cp.apiserver, cp.kcm} {
-		if p != nil && p.name == component {
-			return p.logTail(lines)
+	for _, p := range []*proc.Process{cp.etcd, cp.apiserver, cp.kcm} {
+		if p != nil && p.Name == component {
+			return p.LogTail(lines)
 		}
 	}
 	return "(no such component)"
 }
 
 func (cp *ControlPlane) checkAlive() error {
-	for _, p := range []*process{cp.etcd, cp.apiserver, cp.kcm} {
+	for _, p := range []*proc.Process{cp.etcd, cp.apiserver, cp.kcm} {
 		if p == nil {
 			continue
 		}
-		if done, err := p.exited(); done {
-			return fmt.Errorf("%s: %w (%v); last log lines:\n%s", p.name, errExited, err, p.logTail(30))
+		if done, err := p.Exited(); done {
+			return fmt.Errorf("%s: %w (%v); last log lines:\n%s", p.Name, proc.ErrExited, err, p.LogTail(30))
 		}
 	}
 	return nil
@@ -315,7 +316,7 @@ func (cp *ControlPlane) waitReady(ctx context.Context, client kubernetes.Interfa
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
-	return fmt.Errorf("kube-apiserver not ready after 90s (last error: %v); last log lines:\n%s", lastErr, cp.apiserver.logTail(30))
+	return fmt.Errorf("kube-apiserver not ready after 90s (last error: %v); last log lines:\n%s", lastErr, cp.apiserver.LogTail(30))
 }
 
 // WaitDefaultServiceAccount waits until the controllers have created the
@@ -343,7 +344,7 @@ func (cp *ControlPlane) waitDefaultServiceAccount(ctx context.Context, client ku
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
-	return fmt.Errorf("service account %s/default not created within 60s; kube-controller-manager log:\n%s", namespace, cp.kcm.logTail(30))
+	return fmt.Errorf("service account %s/default not created within 60s; kube-controller-manager log:\n%s", namespace, cp.kcm.LogTail(30))
 }
 
 func gateFlag(gates map[string]bool) string {

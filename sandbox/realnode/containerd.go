@@ -9,6 +9,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/tessera-gpu/tessera/sandbox/internal/proc"
 )
 
 // bridgeName is the CNI bridge of the node's pods. It has no address and no
@@ -110,7 +112,7 @@ func (n *Node) startContainerd(ctx context.Context) error {
 	// The wrapper moves itself into the runtime cgroup, then becomes containerd.
 	wrapper := `for f in ` + strings.Join(procs, " ") + `; do echo $$ > "$f"; done; exec "$@"`
 	argv := n.inNamespace("/bin/sh", "-c", wrapper, "containerd", n.bin("containerd"), "--config", n.path("containerd.toml"), "--log-level", "info")
-	n.containerd, err = startProcess("containerd", n.path("logs", "containerd.log"), nodeEnv(n.binDir), argv...)
+	n.containerd, err = proc.Start("containerd", n.path("logs", "containerd.log"), nodeEnv(n.binDir), argv...)
 	if err != nil {
 		return err
 	}
@@ -120,11 +122,11 @@ func (n *Node) startContainerd(ctx context.Context) error {
 			_ = conn.Close()
 			break
 		}
-		if done, err := n.containerd.exited(); done {
-			return fmt.Errorf("containerd: %w (%v): %s", errExited, err, n.containerd.logTail(30))
+		if done, err := n.containerd.Exited(); done {
+			return fmt.Errorf("containerd: %w (%v): %s", proc.ErrExited, err, n.containerd.LogTail(30))
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("containerd did not open %s within 30s: %s", n.containerdSocket(), n.containerd.logTail(30))
+			return fmt.Errorf("containerd did not open %s within 30s: %s", n.containerdSocket(), n.containerd.LogTail(30))
 		}
 		select {
 		case <-ctx.Done():

@@ -15,6 +15,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
+
+	"github.com/tessera-gpu/tessera/sandbox/internal/proc"
 )
 
 // kubeletConfig is the KubeletConfiguration of the node. Every path the kubelet
@@ -98,7 +100,7 @@ func (n *Node) startKubelet(ctx context.Context) error {
 		args = append(args, "--node-labels="+strings.Join(labels, ","))
 	}
 	var err error
-	n.kubelet, err = startProcess("kubelet", n.path("logs", "kubelet.log"), nodeEnv(n.binDir), n.inNamespace(args...)...)
+	n.kubelet, err = proc.Start("kubelet", n.path("logs", "kubelet.log"), nodeEnv(n.binDir), n.inNamespace(args...)...)
 	if err != nil {
 		return err
 	}
@@ -108,11 +110,11 @@ func (n *Node) startKubelet(ctx context.Context) error {
 // waitNodeReady waits until the kubelet reports its Node Ready, then lifts
 // the not-ready taint it registered with: the test control plane runs no
 // node-lifecycle controller, which would do that in a cluster.
-func (n *Node) waitNodeReady(ctx context.Context, kubelet *process) error {
+func (n *Node) waitNodeReady(ctx context.Context, kubelet *proc.Process) error {
 	deadline := time.Now().Add(90 * time.Second)
 	for {
-		if done, err := kubelet.exited(); done {
-			return fmt.Errorf("kubelet: %w (%v): %s", errExited, err, kubelet.logTail(40))
+		if done, err := kubelet.Exited(); done {
+			return fmt.Errorf("kubelet: %w (%v): %s", proc.ErrExited, err, kubelet.LogTail(40))
 		}
 		node, err := n.client.CoreV1().Nodes().Get(ctx, n.opts.NodeName, metav1.GetOptions{})
 		if err == nil && nodeReady(node) {
@@ -122,7 +124,7 @@ func (n *Node) waitNodeReady(ctx context.Context, kubelet *process) error {
 			return fmt.Errorf("get node %s: %w", n.opts.NodeName, err)
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("node %s not Ready within 90s; kubelet log:\n%s", n.opts.NodeName, kubelet.logTail(40))
+			return fmt.Errorf("node %s not Ready within 90s; kubelet log:\n%s", n.opts.NodeName, kubelet.LogTail(40))
 		}
 		select {
 		case <-ctx.Done():
@@ -162,23 +164,23 @@ func nodeReady(node *corev1.Node) bool {
 // StopKubelet stops the kubelet (SIGTERM, as systemd does) and waits for it.
 // Its pods keep running: containerd and the shims are not touched.
 func (n *Node) StopKubelet() {
-	n.kubelet.stop(syscall.SIGTERM, 30*time.Second)
+	n.kubelet.Stop(syscall.SIGTERM, 30*time.Second)
 }
 
 // StartKubelet starts the kubelet again on the same root directory (after
 // StopKubelet) and waits until its Node is Ready.
 func (n *Node) StartKubelet(ctx context.Context) error {
-	if done, _ := n.kubelet.exited(); !done {
+	if done, _ := n.kubelet.Exited(); !done {
 		return fmt.Errorf("the kubelet of %s is still running", n.opts.NodeName)
 	}
 	return n.startKubelet(ctx)
 }
 
 // KubeletLog returns the end of the kubelet's log.
-func (n *Node) KubeletLog(lines int) string { return n.kubelet.logTail(lines) }
+func (n *Node) KubeletLog(lines int) string { return n.kubelet.LogTail(lines) }
 
 // ContainerdLog returns the end of containerd's log.
-func (n *Node) ContainerdLog(lines int) string { return n.containerd.logTail(lines) }
+func (n *Node) ContainerdLog(lines int) string { return n.containerd.LogTail(lines) }
 
 // freePort asks the kernel for a free TCP port on addr.
 func freePort(addr string) (int, error) {

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/tessera-gpu/tessera/sandbox/internal/proc"
 )
 
 // The node's programs (containerd with its shims, the kubelet) run in a mount
@@ -44,7 +46,7 @@ func (n *Node) startAnchor() error {
 	}
 	fmt.Fprintf(&script, "echo ok > %s\n", ready)
 	fmt.Fprintf(&script, "exec %s\n", n.bin("pause"))
-	p, err := startProcess("mount-namespace", n.path("logs", "mount-namespace.log"), nodeEnv(),
+	p, err := proc.Start("mount-namespace", n.path("logs", "mount-namespace.log"), nodeEnv(),
 		"unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script.String())
 	if err != nil {
 		return err
@@ -55,11 +57,11 @@ func (n *Node) startAnchor() error {
 		if _, err := os.Stat(ready); err == nil {
 			return nil
 		}
-		if done, err := p.exited(); done {
-			return fmt.Errorf("set up the node's mount namespace: %w (%v): %s", errExited, err, p.logTail(20))
+		if done, err := p.Exited(); done {
+			return fmt.Errorf("set up the node's mount namespace: %w (%v): %s", proc.ErrExited, err, p.LogTail(20))
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the node's mount namespace was not set up within 10s: %s", p.logTail(20))
+			return fmt.Errorf("the node's mount namespace was not set up within 10s: %s", p.LogTail(20))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -68,7 +70,7 @@ func (n *Node) startAnchor() error {
 // inNamespace returns argv prefixed so that it runs in the node's mount
 // namespace.
 func (n *Node) inNamespace(argv ...string) []string {
-	return append([]string{"nsenter", "--mount=/proc/" + strconv.Itoa(n.anchor.pid()) + "/ns/mnt", "--"}, argv...)
+	return append([]string{"nsenter", "--mount=/proc/" + strconv.Itoa(n.anchor.Pid()) + "/ns/mnt", "--"}, argv...)
 }
 
 // hostMounts returns the host's mounts (its mount namespace, seen by this

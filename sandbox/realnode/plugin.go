@@ -19,6 +19,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/contract"
 	"github.com/tessera-gpu/tessera/nodeagent/nvmlbackend"
+	"github.com/tessera-gpu/tessera/sandbox/internal/proc"
 )
 
 // Plugin is one running tessera-node process of the node: the node agent
@@ -28,7 +29,7 @@ import (
 type Plugin struct {
 	Name   string
 	PodUID string
-	proc   *process
+	proc   *proc.Process
 	http   string
 	// driverRoot is where its mock machine lays out the driver installation,
 	// control the mock machine's control socket.
@@ -116,7 +117,7 @@ func (n *Node) StartPlugin(ctx context.Context, opts PluginOptions) (*Plugin, er
 	args = append(args, n.opts.PluginArgs...)
 	args = append(args, opts.ExtraArgs...)
 	env := append(nodeEnv(n.path("fakebin"), n.binDir), "FAKE_TOOLS_LOG="+n.ToolCallsLog())
-	p.proc, err = startProcess(opts.Name, n.path("logs", opts.Name+".log"), env, n.inNamespace(args...)...)
+	p.proc, err = proc.Start(opts.Name, n.path("logs", opts.Name+".log"), env, n.inNamespace(args...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -132,14 +133,14 @@ func (p *Plugin) waitReady(ctx context.Context, n *Node) error {
 	deadline := time.Now().Add(60 * time.Second)
 	client := &http.Client{Timeout: 2 * time.Second}
 	for {
-		if done, err := p.proc.exited(); done {
-			return fmt.Errorf("%s: %w (%v): %s", p.Name, errExited, err, p.proc.logTail(30))
+		if done, err := p.proc.Exited(); done {
+			return fmt.Errorf("%s: %w (%v): %s", p.Name, proc.ErrExited, err, p.proc.LogTail(30))
 		}
 		if p.published(client) && p.registered(n.RegistryDir()) && n.kubeletRegistered(ctx, p.socket(n.RegistryDir())) {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s did not publish and register within 60s: %s", p.Name, p.proc.logTail(30))
+			return fmt.Errorf("%s did not publish and register within 60s: %s", p.Name, p.proc.LogTail(30))
 		}
 		select {
 		case <-ctx.Done():
@@ -202,20 +203,20 @@ func (n *Node) kubeletRegistered(ctx context.Context, socket string) bool {
 // after 30s) and waits for it.
 func (p *Plugin) Stop() {
 	if p != nil {
-		p.proc.stop(syscall.SIGTERM, 30*time.Second)
+		p.proc.Stop(syscall.SIGTERM, 30*time.Second)
 	}
 }
 
 // Kill ends the instance at once (SIGKILL): a crash.
 func (p *Plugin) Kill() {
 	if p != nil {
-		p.proc.stop(syscall.SIGKILL, 10*time.Second)
+		p.proc.Stop(syscall.SIGKILL, 10*time.Second)
 	}
 }
 
 // Running reports whether the instance still runs.
 func (p *Plugin) Running() bool {
-	done, _ := p.proc.exited()
+	done, _ := p.proc.Exited()
 	return !done
 }
 
@@ -232,7 +233,7 @@ func (p *Plugin) NVML(ctx context.Context, command string) error {
 }
 
 // Log returns the end of the instance's log.
-func (p *Plugin) Log(lines int) string { return p.proc.logTail(lines) }
+func (p *Plugin) Log(lines int) string { return p.proc.LogTail(lines) }
 
 // ToolCallsLog is the file the fake NVIDIA tools append their calls to.
 func (n *Node) ToolCallsLog() string { return n.path("fakebin", "calls.log") }

@@ -37,6 +37,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/tessera-gpu/tessera/sandbox/internal/proc"
 	"github.com/tessera-gpu/tessera/sandbox/nodebin"
 )
 
@@ -98,9 +99,9 @@ type Node struct {
 	sysctls     map[string]string
 	baseline    *Baseline // the machine before the node started
 
-	anchor     *process
-	containerd *process
-	kubelet    *process
+	anchor     *proc.Process
+	containerd *proc.Process
+	kubelet    *proc.Process
 	started    []*Plugin
 	// Plugin is the tessera-node instance Start started (nil with NoPlugin).
 	Plugin *Plugin
@@ -427,12 +428,12 @@ func (n *Node) Stop() error {
 	for _, p := range n.plugins() {
 		p.Stop()
 	}
-	n.kubelet.stop(syscall.SIGTERM, 30*time.Second)
-	n.containerd.stop(syscall.SIGTERM, 15*time.Second)
+	n.kubelet.Stop(syscall.SIGTERM, 30*time.Second)
+	n.containerd.Stop(syscall.SIGTERM, 15*time.Second)
 	if err := killCgroup(cgroupRoot, 20*time.Second); err != nil {
 		errs = append(errs, err)
 	}
-	n.anchor.stop(syscall.SIGKILL, 10*time.Second)
+	n.anchor.Stop(syscall.SIGKILL, 10*time.Second)
 	if err := removeCgroup(cgroupRoot); err != nil {
 		errs = append(errs, err)
 	}
