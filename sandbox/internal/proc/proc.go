@@ -59,6 +59,12 @@ func Start(name, logPath string, env []string, argv ...string) (*Process, error)
 // Pid is the process's ID (also its process group's).
 func (p *Process) Pid() int { return p.cmd.Process.Pid }
 
+// Argv is the command line the process was started with (to start it again).
+func (p *Process) Argv() []string { return append([]string(nil), p.cmd.Args...) }
+
+// Env is the environment it was started with (nil: the starter's).
+func (p *Process) Env() []string { return append([]string(nil), p.cmd.Env...) }
+
 // Done is closed when the process has ended.
 func (p *Process) Done() <-chan struct{} { return p.done }
 

@@ -47,6 +47,9 @@ func TestStopEndsTheWholeProcessGroup(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	if got := strings.Join(p.Argv(), " "); !strings.HasPrefix(got, "sh -c sleep 300") {
+		t.Errorf("Argv() = %q, want the command line it was started with", got)
+	}
 	if got := p.LogTail(1); got != "started" {
 		t.Errorf("LogTail(1) = %q, want %q", got, "started")
 	}
