@@ -2,9 +2,12 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -42,7 +45,8 @@ queue; MIG and shared GPUs and how many are in use; pending pods now and the
 waits (p50/p99/max) of every pod seen pending while it samples for --window;
 the installed CRDs' served versions with and without a catalog definition; and
 the objects the catalog could not map (tessera's PodGroups, shadow reports).
---save writes the report as JSON for ` + "`tessera report diff`" + `.`,
+An interrupt (Ctrl-C, SIGTERM) ends the window early: the report covers the
+samples taken until then. --save writes the report as JSON for ` + "`tessera report diff`" + `.`,
 		Example: "  tessera report baseline --window 10m --save before.json\n  tessera report diff before.json after.json",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -64,7 +68,30 @@ the objects the catalog could not map (tessera's PodGroups, shadow reports).
 			if err != nil {
 				return err
 			}
-			r, err := baseline.Collect(cmd.Context(), cfg, baseline.Options{Window: window, Interval: interval, Definition: func(gvk schema.GroupVersionKind) string {
+			// The first interrupt ends the window early (the report covers what was
+			// sampled); a second one stops the command.
+			stop := make(chan struct{})
+			sigs := make(chan os.Signal, 1)
+			signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+			ctx, cancel := context.WithCancel(cmd.Context())
+			defer func() {
+				signal.Stop(sigs)
+				cancel()
+			}()
+			go func() {
+				select {
+				case <-sigs:
+					close(stop)
+				case <-ctx.Done():
+					return
+				}
+				select {
+				case <-sigs:
+					cancel()
+				case <-ctx.Done():
+				}
+			}()
+			r, err := baseline.Collect(ctx, cfg, baseline.Options{Window: window, Interval: interval, Stop: stop, Definition: func(gvk schema.GroupVersionKind) string {
 				if d, ok := cat.Definition(gvk); ok {
 					return d.Name
 				}

@@ -85,6 +85,10 @@ type Options struct {
 	Definition func(schema.GroupVersionKind) string
 	// Now, when set, replaces time.Now.
 	Now func() time.Time
+	// Stop, when closed, ends the sampling window early: the report covers the samples
+	// taken so far (its WindowSeconds says how long that was). `tessera report baseline`
+	// closes it on the first interrupt.
+	Stop <-chan struct{}
 }
 
 // Collect reads the cluster (only reads) and builds the report.
@@ -103,6 +107,7 @@ func Collect(ctx context.Context, cfg *rest.Config, o Options) (Report, error) {
 	if interval <= 0 {
 		interval = 10 * time.Second
 	}
+	window := o.Window
 	for {
 		pods, err := kube.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
 		if err != nil {
@@ -112,13 +117,26 @@ func Collect(ctx context.Context, cfg *rest.Config, o Options) (Report, error) {
 		if now().Sub(start)+interval > o.Window {
 			break
 		}
+		stopped := false
 		select {
 		case <-ctx.Done():
 			return Report{}, ctx.Err()
+		case <-o.Stop:
+			stopped = true
 		case <-time.After(interval):
 		}
+		if stopped {
+			// One last sample, so that the report is the cluster at the moment it was
+			// stopped.
+			if pods, err = kube.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{}); err != nil {
+				return Report{}, fmt.Errorf("list pods: %w", err)
+			}
+			sampler.Observe(pods.Items, now())
+			window = now().Sub(start)
+			break
+		}
 	}
-	in := Input{Now: now(), Window: o.Window, Waits: sampler.Waits(), PendingNow: sampler.PendingNow()}
+	in := Input{Now: now(), Window: window, Waits: sampler.Waits(), PendingNow: sampler.PendingNow()}
 	if in.Cluster, err = overview.Fetch(ctx, cfg, in.Now); err != nil {
 		return Report{}, err
 	}
