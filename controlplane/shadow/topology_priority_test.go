@@ -90,7 +90,9 @@ func TestShadowReadsTopologyAndPriorityClasses(t *testing.T) {
 		if _, err := kube.SchedulingV1().PriorityClasses().Create(ctx, pc, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = kube.SchedulingV1().PriorityClasses().Delete(context.Background(), pc.Name, metav1.DeleteOptions{}) })
+		t.Cleanup(func() {
+			_ = kube.SchedulingV1().PriorityClasses().Delete(context.Background(), pc.Name, metav1.DeleteOptions{})
+		})
 	}
 	// A queue with quota for everything here: a non-preemptible gang may not borrow.
 	queue := id + "-q"
@@ -135,7 +137,9 @@ func TestShadowReadsTopologyAndPriorityClasses(t *testing.T) {
 	startKubeScheduler(t, cp)
 
 	inPool := func(pool string) func(*v1.PodSpec, *metav1.ObjectMeta) {
-		return func(spec *v1.PodSpec, _ *metav1.ObjectMeta) { spec.NodeSelector = map[string]string{poolKey: id + "-" + pool} }
+		return func(spec *v1.PodSpec, _ *metav1.ObjectMeta) {
+			spec.NodeSelector = map[string]string{poolKey: id + "-" + pool}
+		}
 	}
 	withClass := func(class string) func(*v1.PodSpec, *metav1.ObjectMeta) {
 		return func(spec *v1.PodSpec, meta *metav1.ObjectMeta) {
