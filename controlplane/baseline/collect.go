@@ -3,6 +3,7 @@ package baseline
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -89,6 +90,11 @@ type Options struct {
 	// taken so far (its WindowSeconds says how long that was). `tessera report baseline`
 	// closes it on the first interrupt.
 	Stop <-chan struct{}
+	// DCGMURLs are dcgm-exporter /metrics URLs (one per GPU node), scraped at every sample
+	// for DCGM_FI_DEV_GPU_UTIL; none: utilisation is not measured.
+	DCGMURLs []string
+	// HTTPClient scrapes them; default http.DefaultClient with a 10 s timeout.
+	HTTPClient *http.Client
 }
 
 // Collect reads the cluster (only reads) and builds the report.
@@ -107,6 +113,22 @@ func Collect(ctx context.Context, cfg *rest.Config, o Options) (Report, error) {
 	if interval <= 0 {
 		interval = 10 * time.Second
 	}
+	var util *UtilSampler
+	httpClient := o.HTTPClient
+	if httpClient == nil {
+		httpClient = &http.Client{Timeout: 10 * time.Second}
+	}
+	if len(o.DCGMURLs) > 0 {
+		util = NewUtilSampler()
+	}
+	scrape := func() error {
+		for _, url := range o.DCGMURLs {
+			if err := util.Scrape(ctx, httpClient, url); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	window := o.Window
 	for {
 		pods, err := kube.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
@@ -114,6 +136,9 @@ func Collect(ctx context.Context, cfg *rest.Config, o Options) (Report, error) {
 			return Report{}, fmt.Errorf("list pods: %w", err)
 		}
 		sampler.Observe(pods.Items, now())
+		if err := scrape(); err != nil {
+			return Report{}, err
+		}
 		if now().Sub(start)+interval > o.Window {
 			break
 		}
@@ -132,6 +157,9 @@ func Collect(ctx context.Context, cfg *rest.Config, o Options) (Report, error) {
 				return Report{}, fmt.Errorf("list pods: %w", err)
 			}
 			sampler.Observe(pods.Items, now())
+			if err := scrape(); err != nil {
+				return Report{}, err
+			}
 			window = now().Sub(start)
 			break
 		}
@@ -145,6 +173,13 @@ func Collect(ctx context.Context, cfg *rest.Config, o Options) (Report, error) {
 	}
 	if in.Mapping, err = mappingFailures(ctx, cfg); err != nil {
 		return Report{}, err
+	}
+	if util != nil {
+		slices, err := kube.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return Report{}, fmt.Errorf("list ResourceSlices: %w", err)
+		}
+		in.GPUUtil, in.GPUNodes = util.Means(), GPUNodes(slices.Items)
 	}
 	return Build(in), nil
 }
