@@ -163,13 +163,13 @@ func TestSwitchingAndBack(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, e := range events.Items {
-			if e.ReportingController != "" {
-				return e.ReportingController
-			}
-			return e.Source.Component
+		if len(events.Items) == 0 {
+			return ""
 		}
-		return ""
+		if e := events.Items[0]; e.ReportingController != "" {
+			return e.ReportingController
+		}
+		return events.Items[0].Source.Component
 	}
 	stillRunning := func(step string) {
 		t.Helper()
