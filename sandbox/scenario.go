@@ -84,6 +84,20 @@ func (r DemoResult) problems() []string {
 // output, removes the workloads at the end, and checks that every claim was
 // unprepared and no device was prepared twice.
 func (s *Sandbox) RunDemo(ctx context.Context) (DemoResult, error) {
+	return s.RunDemoWith(ctx, DemoOptions{})
+}
+
+// DemoOptions are hooks into the demo scenario.
+type DemoOptions struct {
+	// BeforeCleanup, when set, runs once both training jobs completed, with
+	// serve-b and the notebooks still running, before the workloads are
+	// deleted (e.g. to record a baseline of the cluster after the scenario).
+	// An error ends the scenario.
+	BeforeCleanup func(context.Context) error
+}
+
+// RunDemoWith is RunDemo with hooks.
+func (s *Sandbox) RunDemoWith(ctx context.Context, o DemoOptions) (DemoResult, error) {
 	res := DemoResult{Bound: map[string]time.Duration{}}
 	ap, err := newApplier(s.config)
 	if err != nil {
@@ -145,6 +159,11 @@ func (s *Sandbox) RunDemo(ctx context.Context) (DemoResult, error) {
 		return res, fmt.Errorf("waiting for both training jobs to finish: %w", err)
 	}
 	say("train-a and train-b completed; serve-b and the notebooks are running")
+	if o.BeforeCleanup != nil {
+		if err := o.BeforeCleanup(ctx); err != nil {
+			return res, fmt.Errorf("before cleanup: %w", err)
+		}
+	}
 
 	say("cleaning up: deleting the workloads; the simulated kubelets unprepare every claim")
 	if err := s.deleteDemoWorkloads(ctx); err != nil {

@@ -2,9 +2,12 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -31,6 +34,7 @@ func newReportBaselineCommand() *cobra.Command {
 		interval time.Duration
 		output   string
 		save     string
+		dcgmURLs []string
 	)
 	cmd := &cobra.Command{
 		Use:   "baseline",
@@ -42,8 +46,12 @@ queue; MIG and shared GPUs and how many are in use; pending pods now and the
 waits (p50/p99/max) of every pod seen pending while it samples for --window;
 the installed CRDs' served versions with and without a catalog definition; and
 the objects the catalog could not map (tessera's PodGroups, shadow reports).
---save writes the report as JSON for ` + "`tessera report diff`" + `.`,
-		Example: "  tessera report baseline --window 10m --save before.json\n  tessera report diff before.json after.json",
+With --dcgm-url it also scrapes dcgm-exporter at every sample and reports the
+measured GPU utilisation (DCGM_FI_DEV_GPU_UTIL, matched to nodes by GPU UUID);
+without it, "utilisation" is allocation (GPU units allocated over GPUs).
+An interrupt (Ctrl-C, SIGTERM) ends the window early: the report covers the
+samples taken until then. --save writes the report as JSON for ` + "`tessera report diff`" + `.`,
+		Example: "  tessera report baseline --window 10m --save before.json\n  tessera report baseline --window 10m --dcgm-url http://10.0.0.7:9400/metrics,http://10.0.0.8:9400/metrics\n  tessera report diff before.json after.json",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "table" && output != "json" {
@@ -64,7 +72,30 @@ the objects the catalog could not map (tessera's PodGroups, shadow reports).
 			if err != nil {
 				return err
 			}
-			r, err := baseline.Collect(cmd.Context(), cfg, baseline.Options{Window: window, Interval: interval, Definition: func(gvk schema.GroupVersionKind) string {
+			// The first interrupt ends the window early (the report covers what was
+			// sampled); a second one stops the command.
+			stop := make(chan struct{})
+			sigs := make(chan os.Signal, 1)
+			signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+			ctx, cancel := context.WithCancel(cmd.Context())
+			defer func() {
+				signal.Stop(sigs)
+				cancel()
+			}()
+			go func() {
+				select {
+				case <-sigs:
+					close(stop)
+				case <-ctx.Done():
+					return
+				}
+				select {
+				case <-sigs:
+					cancel()
+				case <-ctx.Done():
+				}
+			}()
+			r, err := baseline.Collect(ctx, cfg, baseline.Options{Window: window, Interval: interval, Stop: stop, DCGMURLs: dcgmURLs, Definition: func(gvk schema.GroupVersionKind) string {
 				if d, ok := cat.Definition(gvk); ok {
 					return d.Name
 				}
@@ -93,6 +124,7 @@ the objects the catalog could not map (tessera's PodGroups, shadow reports).
 	cmd.Flags().DurationVar(&interval, "interval", 10*time.Second, "time between samples within --window")
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "table or json")
 	cmd.Flags().StringVar(&save, "save", "", "also write the report as JSON to this file")
+	cmd.Flags().StringSliceVar(&dcgmURLs, "dcgm-url", nil, "dcgm-exporter /metrics URL (repeat, or comma-separate, one per GPU node): measure GPU utilisation from DCGM_FI_DEV_GPU_UTIL at every sample; without it utilisation is allocation only")
 	return cmd
 }
 

@@ -36,12 +36,20 @@ type Report struct {
 type Totals struct {
 	GPUNodes int `json:"gpuNodes"`
 	GPUs     int `json:"gpus"`
-	// Allocated GPU units (a whole GPU is 1; MIG devices and shares their fraction).
+	// Allocated GPU units (a whole GPU is 1; MIG devices and shares their fraction), and
+	// Utilisation, which is allocation: Allocated over GPUs.
 	Allocated   float64 `json:"allocated"`
 	Utilisation float64 `json:"utilisation"`
-	WholeGPUs   int     `json:"wholeGPUs"`
-	MIGGPUs     int     `json:"migGPUs"`
-	SharedGPUs  int     `json:"sharedGPUs"`
+	// GPUUtilPercent is measured use: the mean over GPUs of dcgm-exporter's
+	// DCGM_FI_DEV_GPU_UTIL averaged over the samples (only with --dcgm-url; nil without).
+	// GPUsWithUtil counts the GPUs it covers; UnknownGPUsWithUtil the exporters' GPUs whose
+	// UUID no node agent publishes.
+	GPUUtilPercent      *float64 `json:"gpuUtilPercent,omitempty"`
+	GPUsWithUtil        int      `json:"gpusWithUtil,omitempty"`
+	UnknownGPUsWithUtil int      `json:"unknownGPUsWithUtil,omitempty"`
+	WholeGPUs           int      `json:"wholeGPUs"`
+	MIGGPUs             int      `json:"migGPUs"`
+	SharedGPUs          int      `json:"sharedGPUs"`
 	// CoveredKinds and UncoveredKinds count the served workload CRD versions with and
 	// without a catalog definition.
 	CoveredKinds   int `json:"coveredKinds"`
@@ -61,6 +69,10 @@ type Node struct {
 	// MIG and shared GPUs with anything allocated on them.
 	MIGInUse    int `json:"migInUse"`
 	SharedInUse int `json:"sharedInUse"`
+	// GPUUtilPercent is the mean measured utilisation of the node's GPUs that dcgm-exporter
+	// reported (GPUsWithUtil of them); nil without --dcgm-url or samples.
+	GPUUtilPercent *float64 `json:"gpuUtilPercent,omitempty"`
+	GPUsWithUtil   int      `json:"gpusWithUtil,omitempty"`
 }
 
 // GPUType is a product and memory size, and how many GPUs of it there are.
@@ -115,6 +127,10 @@ type Input struct {
 	PendingNow int
 	Coverage   []Kind
 	Mapping    []MappingFail
+	// GPUUtil is each GPU's mean DCGM_FI_DEV_GPU_UTIL by UUID (UtilSampler.Means; nil when
+	// not measured); GPUNodes the node of each GPU UUID (GPUNodes).
+	GPUUtil  map[string]float64
+	GPUNodes map[string]string
 }
 
 // Build makes the report.
@@ -182,6 +198,7 @@ func Build(in Input) Report {
 		return r.MappingErrors[i].Namespace+"/"+r.MappingErrors[i].Name < r.MappingErrors[j].Namespace+"/"+r.MappingErrors[j].Name
 	})
 	r.Totals.MappingErrors = len(r.MappingErrors)
+	utilisation(&r, in.GPUUtil, in.GPUNodes)
 	return r
 }
 

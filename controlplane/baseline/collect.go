@@ -3,6 +3,7 @@ package baseline
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -85,6 +86,15 @@ type Options struct {
 	Definition func(schema.GroupVersionKind) string
 	// Now, when set, replaces time.Now.
 	Now func() time.Time
+	// Stop, when closed, ends the sampling window early: the report covers the samples
+	// taken so far (its WindowSeconds says how long that was). `tessera report baseline`
+	// closes it on the first interrupt.
+	Stop <-chan struct{}
+	// DCGMURLs are dcgm-exporter /metrics URLs (one per GPU node), scraped at every sample
+	// for DCGM_FI_DEV_GPU_UTIL; none: utilisation is not measured.
+	DCGMURLs []string
+	// HTTPClient scrapes them; default http.DefaultClient with a 10 s timeout.
+	HTTPClient *http.Client
 }
 
 // Collect reads the cluster (only reads) and builds the report.
@@ -103,22 +113,58 @@ func Collect(ctx context.Context, cfg *rest.Config, o Options) (Report, error) {
 	if interval <= 0 {
 		interval = 10 * time.Second
 	}
+	var util *UtilSampler
+	httpClient := o.HTTPClient
+	if httpClient == nil {
+		httpClient = &http.Client{Timeout: 10 * time.Second}
+	}
+	if len(o.DCGMURLs) > 0 {
+		util = NewUtilSampler()
+	}
+	scrape := func() error {
+		for _, url := range o.DCGMURLs {
+			if err := util.Scrape(ctx, httpClient, url); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	window := o.Window
 	for {
 		pods, err := kube.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return Report{}, fmt.Errorf("list pods: %w", err)
 		}
 		sampler.Observe(pods.Items, now())
+		if err := scrape(); err != nil {
+			return Report{}, err
+		}
 		if now().Sub(start)+interval > o.Window {
 			break
 		}
+		stopped := false
 		select {
 		case <-ctx.Done():
 			return Report{}, ctx.Err()
+		case <-o.Stop:
+			stopped = true
 		case <-time.After(interval):
 		}
+		if stopped {
+			// One last sample, so that the report is the cluster at the moment it was
+			// stopped.
+			if pods, err = kube.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{}); err != nil {
+				return Report{}, fmt.Errorf("list pods: %w", err)
+			}
+			sampler.Observe(pods.Items, now())
+			if err := scrape(); err != nil {
+				return Report{}, err
+			}
+			window = now().Sub(start)
+			break
+		}
 	}
-	in := Input{Now: now(), Window: o.Window, Waits: sampler.Waits(), PendingNow: sampler.PendingNow()}
+	in := Input{Now: now(), Window: window, Waits: sampler.Waits(), PendingNow: sampler.PendingNow()}
 	if in.Cluster, err = overview.Fetch(ctx, cfg, in.Now); err != nil {
 		return Report{}, err
 	}
@@ -127,6 +173,13 @@ func Collect(ctx context.Context, cfg *rest.Config, o Options) (Report, error) {
 	}
 	if in.Mapping, err = mappingFailures(ctx, cfg); err != nil {
 		return Report{}, err
+	}
+	if util != nil {
+		slices, err := kube.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return Report{}, fmt.Errorf("list ResourceSlices: %w", err)
+		}
+		in.GPUUtil, in.GPUNodes = util.Means(), GPUNodes(slices.Items)
 	}
 	return Build(in), nil
 }

@@ -58,6 +58,8 @@ func flatten(r Report) map[string]string {
 		"totals.uncoveredKinds": strconv.Itoa(t.UncoveredKinds), "totals.mappingErrors": strconv.Itoa(t.MappingErrors),
 		"pending.pods": strconv.Itoa(r.Pending.Pods), "pending.wait.count": strconv.Itoa(r.Pending.Wait.Count),
 		"pending.wait.p50": num(r.Pending.Wait.P50), "pending.wait.p99": num(r.Pending.Wait.P99), "pending.wait.max": num(r.Pending.Wait.Max),
+		"totals.gpuUtilPercent": opt(t.GPUUtilPercent), "totals.gpusWithUtil": strconv.Itoa(t.GPUsWithUtil),
+		"totals.unknownGPUsWithUtil": strconv.Itoa(t.UnknownGPUsWithUtil),
 	} {
 		m[k] = v
 	}
@@ -66,6 +68,7 @@ func flatten(r Report) map[string]string {
 		m[p+"gpus"], m[p+"allocatable"], m[p+"allocated"] = strconv.Itoa(n.GPUs), num(n.Allocatable), num(n.Allocated)
 		m[p+"migGPUs"], m[p+"sharedGPUs"] = strconv.Itoa(n.MIGGPUs), strconv.Itoa(n.SharedGPUs)
 		m[p+"migInUse"], m[p+"sharedInUse"] = strconv.Itoa(n.MIGInUse), strconv.Itoa(n.SharedInUse)
+		m[p+"gpuUtilPercent"], m[p+"gpusWithUtil"] = opt(n.GPUUtilPercent), strconv.Itoa(n.GPUsWithUtil)
 	}
 	for _, g := range r.GPUTypes {
 		m[fmt.Sprintf("gpuTypes[%s %s].count", g.Product, memory(g.MemoryBytes))] = strconv.Itoa(g.Count)
@@ -116,17 +119,31 @@ func ReadJSON(rd io.Reader) (Report, error) {
 func WriteTable(w io.Writer, r Report) error {
 	t := r.Totals
 	fmt.Fprintf(w, "Baseline at %s (pending pods sampled over %.0fs)\n", r.Time.UTC().Format("2006-01-02 15:04:05Z"), r.WindowSeconds)
-	fmt.Fprintf(w, "%d GPU nodes, %d GPUs (%d whole, %d MIG, %d shared), %.3f GPU units allocated (%.0f%%)\n\n",
+	fmt.Fprintf(w, "%d GPU nodes, %d GPUs (%d whole, %d MIG, %d shared), %.3f GPU units allocated (%.0f%%)\n",
 		t.GPUNodes, t.GPUs, t.WholeGPUs, t.MIGGPUs, t.SharedGPUs, t.Allocated, t.Utilisation*100)
+	if t.GPUUtilPercent != nil {
+		fmt.Fprintf(w, "measured GPU utilisation (DCGM_FI_DEV_GPU_UTIL, mean over the window): %.1f%% over %d GPUs", *t.GPUUtilPercent, t.GPUsWithUtil)
+		if t.UnknownGPUsWithUtil > 0 {
+			fmt.Fprintf(w, " (%d more GPUs reported that no node agent publishes)", t.UnknownGPUsWithUtil)
+		}
+		fmt.Fprintln(w)
+	} else {
+		fmt.Fprintln(w, "GPU utilisation not measured (allocation only; --dcgm-url reads dcgm-exporter)")
+	}
+	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "GPU TYPE\tMEMORY\tCOUNT")
 	for _, g := range r.GPUTypes {
 		fmt.Fprintf(tw, "%s\t%s\t%d\n", orDash(g.Product), memory(g.MemoryBytes), g.Count)
 	}
 	fmt.Fprintln(tw, "\t\t")
-	fmt.Fprintln(tw, "NODE\tGPUS\tALLOCATED\tMIG (IN USE)\tSHARED (IN USE)")
+	fmt.Fprintln(tw, "NODE\tGPUS\tALLOCATED\tMIG (IN USE)\tSHARED (IN USE)\tGPU UTIL")
 	for _, n := range r.Nodes {
-		fmt.Fprintf(tw, "%s\t%d\t%.3f\t%d (%d)\t%d (%d)\n", n.Name, n.GPUs, n.Allocated, n.MIGGPUs, n.MIGInUse, n.SharedGPUs, n.SharedInUse)
+		util := "-"
+		if n.GPUUtilPercent != nil {
+			util = fmt.Sprintf("%.1f%% (%d GPUs)", *n.GPUUtilPercent, n.GPUsWithUtil)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.3f\t%d (%d)\t%d (%d)\t%s\n", n.Name, n.GPUs, n.Allocated, n.MIGGPUs, n.MIGInUse, n.SharedGPUs, n.SharedInUse, util)
 	}
 	if len(r.Queues) > 0 {
 		fmt.Fprintln(tw, "\t\t")

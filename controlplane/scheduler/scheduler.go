@@ -17,8 +17,6 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
-	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -40,6 +38,7 @@ import (
 	"github.com/tessera-gpu/tessera/controlplane/client"
 	"github.com/tessera-gpu/tessera/controlplane/decide"
 	"github.com/tessera-gpu/tessera/controlplane/filters"
+	"github.com/tessera-gpu/tessera/controlplane/informerset"
 	"github.com/tessera-gpu/tessera/controlplane/mapper"
 	"github.com/tessera-gpu/tessera/controlplane/snapshot"
 	"github.com/tessera-gpu/tessera/controlplane/solver"
@@ -179,7 +178,7 @@ func New(cfg *rest.Config, opts Options) (*Scheduler, error) {
 	if err != nil {
 		return nil, err
 	}
-	served, err := discoverAPIs(kube)
+	served, err := informerset.Discover(kube)
 	if err != nil {
 		return nil, err
 	}
@@ -195,63 +194,23 @@ func New(cfg *rest.Config, opts Options) (*Scheduler, error) {
 		podInfos:  filters.NewPodInfoCache(),
 		snapCache: snapshot.NewCache(),
 	}
-	s.factory = informers.NewSharedInformerFactory(kube, 0)
 	// The kube-scheduler's filter plugins register the informers they read (PVCs, PVs,
-	// StorageClasses, CSI objects, namespaces) on the shared factory.
-	s.filters, err = filters.New(context.Background(), filters.Config{Informers: s.factory, Client: kube, Volumes: true, VolumeBindTimeout: opts.VolumeBindTimeout})
+	// StorageClasses, CSI objects, namespaces) on the shared factory (shared with shadow
+	// mode: controlplane/informerset).
+	set, err := informerset.New(informerset.Options{Kube: kube, Sched: sc, Served: served, VolumeBindTimeout: opts.VolumeBindTimeout, TrackerEvents: true})
 	if err != nil {
-		return nil, fmt.Errorf("filter plugins: %w", err)
+		return nil, err
 	}
+	s.factory, s.filters, s.slices, s.informers = set.Factory, set.Filters, set.Slices, set.All
+	s.podInf, s.queueInf, s.pgInf, s.topoInf, s.pcInf, s.upstream = set.Pods, set.Queues, set.PodGroups, set.Topologies, set.PriorityClasses, set.Upstream
 	solverCfg := opts.Solver
 	solverCfg.Filters = s.filters
 	s.solver = solver.New(solverCfg)
-	s.podInf = s.factory.Core().V1().Pods().Informer()
-	nsInf := s.factory.Core().V1().Namespaces().Informer()
-	s.mapper = &mapper.Mapper{Resolver: opts.Resolver, NamespaceLabels: func(name string) map[string]string {
-		obj, ok, err := nsInf.GetStore().GetByKey(name)
-		if err != nil || !ok {
-			return nil
-		}
-		return obj.(*v1.Namespace).Labels
-	}}
-	s.queueInf = cache.NewSharedIndexInformer(sc.QueueListWatch(), &v1alpha1.Queue{}, 0, cache.Indexers{})
-	s.pgInf = cache.NewSharedIndexInformer(sc.PodGroupListWatch(), &v1alpha1.PodGroup{}, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
-	s.topoInf = cache.NewSharedIndexInformer(sc.TopologyListWatch(), &v1alpha1.Topology{}, 0, cache.Indexers{})
-	s.pcInf = s.factory.Scheduling().V1().PriorityClasses().Informer()
-	s.informers = []cache.SharedIndexInformer{
-		s.podInf, nsInf, s.pcInf, s.topoInf,
-		s.factory.Core().V1().Nodes().Informer(),
-		s.factory.Resource().V1().ResourceSlices().Informer(),
-		s.factory.Resource().V1().ResourceClaims().Informer(),
-		s.factory.Resource().V1().DeviceClasses().Informer(),
-		s.factory.Core().V1().PersistentVolumeClaims().Informer(),
-		s.factory.Core().V1().PersistentVolumes().Informer(),
-		s.queueInf, s.pgInf,
+	s.mapper = &mapper.Mapper{Resolver: opts.Resolver, NamespaceLabels: set.NamespaceLabels}
+	if served.PodGroups {
+		s.mapper.UpstreamPodGroup = set.UpstreamPodGroup
 	}
-	if served.podGroups {
-		s.upstream = s.factory.Scheduling().V1beta1().PodGroups().Informer()
-		s.informers = append(s.informers, s.upstream)
-		s.mapper.UpstreamPodGroup = func(namespace, name string) *schedulingv1beta1.PodGroup {
-			obj, ok, err := s.upstream.GetStore().GetByKey(namespace + "/" + name)
-			if err != nil || !ok {
-				return nil
-			}
-			return obj.(*schedulingv1beta1.PodGroup)
-		}
-	}
-	taintRules := served.deviceTaintRules
-	if taintRules {
-		s.informers = append(s.informers, s.factory.Resource().V1().DeviceTaintRules().Informer())
-	}
-	s.slices, err = tracker.StartTracker(context.Background(), tracker.Options{
-		EnableDeviceTaintRules: taintRules, EnableConsumableCapacity: true,
-		SliceInformer: s.factory.Resource().V1().ResourceSlices(),
-		TaintInformer: s.factory.Resource().V1().DeviceTaintRules(),
-		KubeClient:    kube,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("ResourceSlice tracker: %w", err)
-	}
+	taintRules := served.DeviceTaintRules
 	if taintRules {
 		// A DeviceTaintRule changes what the slices the tracker reports look like.
 		if _, err := s.slices.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -281,39 +240,6 @@ func New(cfg *rest.Config, opts Options) (*Scheduler, error) {
 	s.recorder = s.broadcaster.NewRecorder(Scheme, v1.EventSource{Component: opts.SchedulerName})
 	s.effects = newEffects(s)
 	return s, nil
-}
-
-type servedAPIs struct {
-	podGroups, deviceTaintRules bool
-}
-
-// discoverAPIs asks which optional APIs the server serves: scheduling.k8s.io/v1beta1
-// PodGroups (GenericWorkload) and resource.k8s.io/v1 DeviceTaintRules.
-func discoverAPIs(kube kubernetes.Interface) (servedAPIs, error) {
-	var out servedAPIs
-	has := func(gv, resource string) (bool, error) {
-		list, err := kube.Discovery().ServerResourcesForGroupVersion(gv)
-		if err != nil {
-			if apierrors.IsNotFound(err) {
-				return false, nil
-			}
-			return false, fmt.Errorf("discover %s: %w", gv, err)
-		}
-		for _, r := range list.APIResources {
-			if r.Name == resource {
-				return true, nil
-			}
-		}
-		return false, nil
-	}
-	var err error
-	if out.podGroups, err = has(schedulingv1beta1.SchemeGroupVersion.String(), "podgroups"); err != nil {
-		return out, err
-	}
-	if out.deviceTaintRules, err = has("resource.k8s.io/v1", "devicetaintrules"); err != nil {
-		return out, err
-	}
-	return out, nil
 }
 
 func (s *Scheduler) kick(capacity bool) {

@@ -23,8 +23,6 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
@@ -39,6 +37,7 @@ import (
 	"github.com/tessera-gpu/tessera/controlplane/client"
 	"github.com/tessera-gpu/tessera/controlplane/decide"
 	"github.com/tessera-gpu/tessera/controlplane/filters"
+	"github.com/tessera-gpu/tessera/controlplane/informerset"
 	"github.com/tessera-gpu/tessera/controlplane/mapper"
 	"github.com/tessera-gpu/tessera/controlplane/solver"
 )
@@ -156,7 +155,7 @@ func New(cfg *rest.Config, opts Options) (*Shadow, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dynamic client: %w", err)
 	}
-	podGroups, taintRules, err := discover(kube)
+	served, err := informerset.Discover(kube)
 	if err != nil {
 		return nil, err
 	}
@@ -175,61 +174,21 @@ func New(cfg *rest.Config, opts Options) (*Shadow, error) {
 	for _, n := range opts.SchedulerNames {
 		s.watched[n] = true
 	}
-	s.factory = informers.NewSharedInformerFactory(kube, 0)
 	// The filter plugins' volume binder gets a client because its constructor wants one; the
-	// shadow never calls Bind (nothing is committed).
-	s.filters, err = filters.New(context.Background(), filters.Config{Informers: s.factory, Client: kube, Volumes: true})
+	// shadow never calls Bind (nothing is committed). The slice tracker gets none: it would
+	// record Events about broken DeviceTaintRules.
+	set, err := informerset.New(informerset.Options{Kube: kube, Sched: sc, Served: served})
 	if err != nil {
-		return nil, fmt.Errorf("filter plugins: %w", err)
+		return nil, err
 	}
+	s.factory, s.filters, s.slices, s.informers = set.Factory, set.Filters, set.Slices, set.All
+	s.podInf, s.queueInf, s.pgInf, s.topoInf, s.pcInf, s.upstream = set.Pods, set.Queues, set.PodGroups, set.Topologies, set.PriorityClasses, set.Upstream
 	solverCfg := opts.Solver
 	solverCfg.Filters = s.filters
 	s.solver = solver.New(solverCfg)
-	s.podInf = s.factory.Core().V1().Pods().Informer()
-	nsInf := s.factory.Core().V1().Namespaces().Informer()
-	s.mapper = &mapper.Mapper{Resolver: opts.Resolver, NamespaceLabels: func(name string) map[string]string {
-		obj, ok, err := nsInf.GetStore().GetByKey(name)
-		if err != nil || !ok {
-			return nil
-		}
-		return obj.(*v1.Namespace).Labels
-	}}
-	s.queueInf = cache.NewSharedIndexInformer(sc.QueueListWatch(), &v1alpha1.Queue{}, 0, cache.Indexers{})
-	s.pgInf = cache.NewSharedIndexInformer(sc.PodGroupListWatch(), &v1alpha1.PodGroup{}, 0, cache.Indexers{})
-	s.topoInf = cache.NewSharedIndexInformer(sc.TopologyListWatch(), &v1alpha1.Topology{}, 0, cache.Indexers{})
-	s.pcInf = s.factory.Scheduling().V1().PriorityClasses().Informer()
-	claimInf := s.factory.Resource().V1().ResourceClaims().Informer()
-	s.informers = []cache.SharedIndexInformer{
-		s.podInf, nsInf, claimInf,
-		s.factory.Core().V1().Nodes().Informer(),
-		s.factory.Resource().V1().ResourceSlices().Informer(),
-		s.factory.Resource().V1().DeviceClasses().Informer(),
-		s.factory.Core().V1().PersistentVolumeClaims().Informer(),
-		s.factory.Core().V1().PersistentVolumes().Informer(),
-		s.queueInf, s.pgInf, s.topoInf, s.pcInf,
-	}
-	if podGroups {
-		s.upstream = s.factory.Scheduling().V1beta1().PodGroups().Informer()
-		s.informers = append(s.informers, s.upstream)
-		s.mapper.UpstreamPodGroup = func(namespace, name string) *schedulingv1beta1.PodGroup {
-			obj, ok, err := s.upstream.GetStore().GetByKey(namespace + "/" + name)
-			if err != nil || !ok {
-				return nil
-			}
-			return obj.(*schedulingv1beta1.PodGroup)
-		}
-	}
-	if taintRules {
-		s.informers = append(s.informers, s.factory.Resource().V1().DeviceTaintRules().Informer())
-	}
-	// No KubeClient: the tracker would record Events about broken DeviceTaintRules.
-	s.slices, err = tracker.StartTracker(context.Background(), tracker.Options{
-		EnableDeviceTaintRules: taintRules, EnableConsumableCapacity: true,
-		SliceInformer: s.factory.Resource().V1().ResourceSlices(),
-		TaintInformer: s.factory.Resource().V1().DeviceTaintRules(),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("ResourceSlice tracker: %w", err)
+	s.mapper = &mapper.Mapper{Resolver: opts.Resolver, NamespaceLabels: set.NamespaceLabels}
+	if served.PodGroups {
+		s.mapper.UpstreamPodGroup = set.UpstreamPodGroup
 	}
 	for _, inf := range s.informers {
 		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -241,30 +200,6 @@ func New(cfg *rest.Config, opts Options) (*Shadow, error) {
 		}
 	}
 	return s, nil
-}
-
-// discover asks whether the API server serves the Kubernetes gang API and DeviceTaintRules.
-func discover(kube kubernetes.Interface) (podGroups, taintRules bool, err error) {
-	has := func(gv, resource string) (bool, error) {
-		list, err := kube.Discovery().ServerResourcesForGroupVersion(gv)
-		if err != nil {
-			if apierrors.IsNotFound(err) {
-				return false, nil
-			}
-			return false, fmt.Errorf("discover %s: %w", gv, err)
-		}
-		for _, r := range list.APIResources {
-			if r.Name == resource {
-				return true, nil
-			}
-		}
-		return false, nil
-	}
-	if podGroups, err = has(schedulingv1beta1.SchemeGroupVersion.String(), "podgroups"); err != nil {
-		return false, false, err
-	}
-	taintRules, err = has("resource.k8s.io/v1", "devicetaintrules")
-	return podGroups, taintRules, err
 }
 
 // observeAdd notes when pods and claims appeared, and triggers a cycle. New nodes, slices,
