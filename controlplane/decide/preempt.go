@@ -15,6 +15,7 @@ import (
 	v1alpha1 "github.com/tessera-gpu/tessera/controlplane/api/v1alpha1"
 	"github.com/tessera-gpu/tessera/controlplane/quota"
 	"github.com/tessera-gpu/tessera/controlplane/snapshot"
+	"github.com/tessera-gpu/tessera/controlplane/solver"
 )
 
 // ReasonPreempted is the Event reason on a gang evicted for a gang of higher priority of its
@@ -175,6 +176,7 @@ func preempt(ctx context.Context, cfg Config, in Input, d *Decisions, mem *Memor
 	candidates := append(extras, wholes...)
 
 	tries := 0
+	var placement *solver.Result // where the gang goes without the chosen victims
 	fits := func(set []victimUnit) bool {
 		tries++
 		evict := map[types.UID]bool{}
@@ -203,8 +205,12 @@ func preempt(ctx context.Context, cfg Config, in Input, d *Decisions, mem *Memor
 			return false
 		}
 		snap := snapshot.New(without(in.Raw, evict), cfg.Snapshot)
-		_, err := cfg.Solver.Solve(ctx, snap, g.gang)
-		return err == nil
+		res, err := cfg.Solver.Solve(ctx, snap, g.gang)
+		if err != nil {
+			return false
+		}
+		placement = res
+		return true
 	}
 	var chosen []victimUnit
 	found := false
@@ -261,6 +267,8 @@ func preempt(ctx context.Context, cfg Config, in Input, d *Decisions, mem *Memor
 			d.Evictions = append(d.Evictions, p)
 		}
 	}
+	// chosen only changes when the set fits: placement is the last set's.
+	reserve(mem, g.Key, placementNodes(placement), ReasonPreempting, in.Now)
 	d.VictimSetsSimulated += tries
 	return true
 }

@@ -147,6 +147,14 @@ func (s *sim) input() Input {
 func (s *sim) cycle(step time.Duration) *Decisions {
 	s.t.Helper()
 	d := Decide(s.ctx, s.cfg, s.input(), s.mem)
+	s.apply(d, true)
+	s.now = s.now.Add(step)
+	return d
+}
+
+// apply applies a cycle's decisions; evicted pods are removed only when evict is set (else
+// they are still going away: their pods and claims stay).
+func (s *sim) apply(d *Decisions, evict bool) {
 	for _, p := range d.Placements {
 		for _, pl := range p.Result.Placements {
 			pod := s.pods["ns/"+pl.Pod.Name].DeepCopy()
@@ -178,11 +186,11 @@ func (s *sim) cycle(step time.Duration) *Decisions {
 		pod.Status.Conditions = []v1.PodCondition{{Type: v1.PodScheduled, Status: v1.ConditionFalse, Reason: v1.PodReasonUnschedulable, Message: pc.Message}}
 		s.pods["ns/"+pod.Name] = pod
 	}
-	for _, p := range d.Evictions {
-		s.remove(p.Name)
+	if evict {
+		for _, p := range d.Evictions {
+			s.remove(p.Name)
+		}
 	}
-	s.now = s.now.Add(step)
-	return d
 }
 
 // remove deletes a pod and releases its claims, as the kubelet and the claim controller do.
