@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	
+
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -27,18 +27,17 @@ const (
 // movable pods may be moved to make room: bound pods of preemptible gangs that a controller
 // recreates (an owner reference with controller set), and only where the gang keeps its
 // minMember without them — the pods above minMember of an elastic gang, or any pod of a gang
-// of one.
+// of one — and whose upstream PodGroup does not say disruptionMode all.
 func movable(in Input, gangs []*gangState, g *gangState) map[string][]*v1.Pod {
 	byNode := map[string][]*v1.Pod{}
 	for _, b := range gangs {
-		if b == g || b.pg == nil || len(b.Bound) == 0 || !preemptible(in, b) {
+		if b == g || b.pg == nil || len(b.Bound) == 0 || !preemptible(in, b) || disruptedTogether(b) {
 			continue
 		}
-		var pods []*v1.Pod
-		for _, u := range units(in.Snapshot, b) {
-			if u.extra || b.pg.Spec.MinMember <= 1 {
-				pods = append(pods, u.pods...)
-			}
+		extra, core := split(b)
+		pods := extra
+		if b.pg.Spec.MinMember <= 1 {
+			pods = append(append([]*v1.Pod(nil), extra...), core...)
 		}
 		for _, p := range pods {
 			if metav1.GetControllerOf(p) != nil {

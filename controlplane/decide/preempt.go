@@ -70,14 +70,6 @@ type victimUnit struct {
 // units splits a running gang into what may be evicted of it, in order: the pods above
 // minMember (the newest), then the rest (the whole gang).
 func units(base *snapshot.Snapshot, g *gangState) []victimUnit {
-	bound := append([]*v1.Pod(nil), g.Bound...)
-	sort.SliceStable(bound, func(i, j int) bool {
-		ti, tj := bound[i].CreationTimestamp, bound[j].CreationTimestamp
-		if !ti.Equal(&tj) {
-			return ti.Before(&tj)
-		}
-		return bound[i].Name < bound[j].Name
-	})
 	usage := func(pods []*v1.Pod) quota.Usage {
 		u := quota.Usage{}
 		counted := map[types.UID]bool{}
@@ -86,13 +78,40 @@ func units(base *snapshot.Snapshot, g *gangState) []victimUnit {
 		}
 		return u
 	}
-	core := max(0, min(int(g.pg.Spec.MinMember), len(bound)))
+	extra, core := split(g)
 	var out []victimUnit
-	if extra := bound[core:]; len(extra) > 0 && core > 0 {
+	if len(extra) > 0 {
 		out = append(out, victimUnit{g: g, pods: extra, extra: true, usage: usage(extra)})
-		bound = bound[:core]
 	}
-	return append(out, victimUnit{g: g, pods: bound, usage: usage(bound)})
+	return append(out, victimUnit{g: g, pods: core, usage: usage(core)})
+}
+
+// disruptedTogether: the gang's upstream PodGroup says disruptionMode all (its pods may only
+// be disrupted together, as the kube-scheduler's pod group preemption reads it). Then its
+// pods above minMember are not evicted apart from its core, and consolidation moves none of
+// them (it moves pods one by one). disruptionMode single (the default) lets pods be
+// disrupted independently; tessera still evicts an elastic gang's pods above minMember
+// first and otherwise whole gangs (a gang below minMember cannot run).
+func disruptedTogether(g *gangState) bool {
+	return g.Upstream != nil && g.Upstream.Spec.DisruptionMode != nil && g.Upstream.Spec.DisruptionMode.All != nil
+}
+
+// split divides a running gang's bound pods into those above minMember (the newest; none
+// when the gang has no core or is disrupted together) and its core.
+func split(g *gangState) (extra, core []*v1.Pod) {
+	bound := append([]*v1.Pod(nil), g.Bound...)
+	sort.SliceStable(bound, func(i, j int) bool {
+		ti, tj := bound[i].CreationTimestamp, bound[j].CreationTimestamp
+		if !ti.Equal(&tj) {
+			return ti.Before(&tj)
+		}
+		return bound[i].Name < bound[j].Name
+	})
+	n := max(0, min(int(g.pg.Spec.MinMember), len(bound)))
+	if n > 0 && n < len(bound) && !disruptedTogether(g) {
+		return bound[n:], bound[:n]
+	}
+	return nil, bound
 }
 
 // evictionsInFlight forgets evicted pods that are gone and whose claims are released (or that

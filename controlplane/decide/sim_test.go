@@ -9,6 +9,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -44,8 +45,9 @@ type sim struct {
 	pods   map[string]*v1.Pod
 	pgs    map[string]*v1alpha1.PodGroup
 	queues map[string]*v1alpha1.Queue
-	// upstream etc. are not needed here.
-	capGen uint64
+	// upstream: scheduling.k8s.io PodGroups of gangs, by gang key (optional).
+	upstream map[string]*schedulingv1beta1.PodGroup
+	capGen   uint64
 	seq    int
 }
 
@@ -124,7 +126,7 @@ func (s *sim) input() Input {
 		key := "ns/" + p.Annotations[v1alpha1.PodGroupAnnotation]
 		g := gangs[key]
 		if g == nil {
-			g = &Gang{Key: key, PodGroup: s.pgs[key], MappedReason: v1alpha1.ReasonManual}
+			g = &Gang{Key: key, PodGroup: s.pgs[key], MappedReason: v1alpha1.ReasonManual, Upstream: s.upstream[key]}
 			gangs[key] = g
 		}
 		switch {
