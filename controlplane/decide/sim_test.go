@@ -48,7 +48,7 @@ type sim struct {
 	// upstream: scheduling.k8s.io PodGroups of gangs, by gang key (optional).
 	upstream map[string]*schedulingv1beta1.PodGroup
 	capGen   uint64
-	seq    int
+	seq      int
 }
 
 func newSim(t *testing.T) *sim {
