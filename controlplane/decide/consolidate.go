@@ -12,7 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
-	v1alpha1 "github.com/tessera-gpu/tessera/controlplane/api/v1alpha1"
 	"github.com/tessera-gpu/tessera/controlplane/snapshot"
 	"github.com/tessera-gpu/tessera/controlplane/solver"
 )
@@ -88,7 +87,7 @@ func consolidate(ctx context.Context, cfg Config, in Input, d *Decisions, mem *M
 		held := 0.0
 		counted := map[types.UID]bool{}
 		for _, p := range pods {
-			held += podUsage(in.Snapshot, p, counted)[v1alpha1.ResourceGPU]
+			held += podGPUUnits(in.Snapshot, p, counted)
 		}
 		if ni.GPUFree()+held < ni.GPUTotal-1e-9 {
 			continue // other pods stay on it: moving these would not free the node
