@@ -2,6 +2,7 @@ package decide
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -158,5 +159,40 @@ func TestReservationStatusIsStable(t *testing.T) {
 	}
 	if reservationOf(mem, "ns/other") != nil {
 		t.Error("another gang shows g's reservation")
+	}
+}
+
+// One eviction decision per cycle: when reclaim evicts for a gang, consolidation does not
+// also move pods for it in the same cycle (it did: reclaim reported that it had not acted, and
+// the same four pods were evicted twice, by reclaim and by consolidation).
+func TestReclaimIsTheCyclesOnlyEvictionDecision(t *testing.T) {
+	s := newSim(t)
+	for _, n := range []string{"a", "b", "c"} {
+		s.node(n, 8)
+	}
+	s.queue("qa", "", "0", "", 1)
+	s.queue("qb", "", "0", "", 1)
+	// qa holds 16 of 24 GPUs in one-GPU pods of ReplicaSets, c's the newest; 2, 2 and 4 free.
+	for _, at := range []struct {
+		node string
+		pods int
+	}{{"a", 6}, {"b", 6}, {"c", 4}} {
+		for i := range at.pods {
+			s.runningPod(fmt.Sprintf("%s-p%d", at.node, i), "qa", at.node, i)
+		}
+	}
+	s.gang("more", "qa", 1, 8) // qa wants more: its fair share is 12 of 24
+	s.gang("w1", "qb", 1, 8)
+	s.gang("w2", "qb", 1, 8)
+	d := Decide(s.ctx, s.cfg, s.input(), s.mem)
+	seen := map[string]bool{}
+	for _, p := range d.Evictions {
+		if seen[p.Name] {
+			t.Fatalf("pod %s evicted twice in one cycle (events %s)", p.Name, eventReasons(d))
+		}
+		seen[p.Name] = true
+	}
+	if len(d.Evictions) != 4 || !strings.Contains(eventReasons(d), ReasonReclaiming) || strings.Contains(eventReasons(d), ReasonConsolidating) {
+		t.Fatalf("evicted %d pods with events %s, want c's 4 by reclaim alone", len(d.Evictions), eventReasons(d))
 	}
 }
