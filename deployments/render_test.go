@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/yaml"
 
+	v1alpha1 "github.com/tessera-gpu/tessera/controlplane/api/v1alpha1"
 	"github.com/tessera-gpu/tessera/deployments"
 	"github.com/tessera-gpu/tessera/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/nodeagent/partition"
@@ -567,6 +568,27 @@ node:
 		},
 	},
 	{
+		name:   "scheduler policy",
+		values: `scheduler: {usageHalfLife: 30m, usageWeight: 0.5, consolidationMaxPods: 0, topologies: [{name: dc, levels: [{nodeLabel: example.com/block}, {nodeLabel: example.com/rack}, {nodeLabel: kubernetes.io/hostname}]}]}`,
+		check: func(t *testing.T, r *deployments.Rendered) {
+			dep := typed(t, r, "Deployment", "tessera-scheduler", &appsv1.Deployment{})
+			args := dep.Spec.Template.Spec.Containers[0].Args
+			for _, want := range []string{"--usage-half-life=30m", "--usage-weight=0.5", "--consolidation-max-pods=0"} {
+				if !slices.Contains(args, want) {
+					t.Errorf("args %v lack %s", args, want)
+				}
+			}
+			topo := typed(t, r, "Topology", "dc", &v1alpha1.Topology{})
+			var levels []string
+			for _, l := range topo.Spec.Levels {
+				levels = append(levels, l.NodeLabel)
+			}
+			if want := []string{"example.com/block", "example.com/rack", "kubernetes.io/hostname"}; !slices.Equal(levels, want) {
+				t.Errorf("Topology dc levels %v, want %v", levels, want)
+			}
+		},
+	},
+	{
 		name:   "renamed release with a pinned image",
 		values: `{fullnameOverride: gpu, image: {repository: registry.example.com/tessera, digest: "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"}, scheduler: {image: {tag: v9}}}`,
 		check: func(t *testing.T, r *deployments.Rendered) {
@@ -643,6 +665,12 @@ func TestInvalidValues(t *testing.T) {
 		{`scheduler: {leaderElection: {enabled: false}}`, "needs scheduler.leaderElection.enabled=true"},
 		{`scheduler: {podDisruptionBudget: {minAvailable: 2}}`, "must be below scheduler.replicas"},
 		{`scheduler: {topologyKeys: ["bad key!"]}`, "/scheduler/topologyKeys/0"},
+		{`scheduler: {usageHalfLife: "1 hour"}`, "/scheduler/usageHalfLife"},
+		{`scheduler: {usageWeight: -1}`, "/scheduler/usageWeight"},
+		{`scheduler: {consolidationMaxPods: -1}`, "/scheduler/consolidationMaxPods"},
+		{`scheduler: {topologies: [{name: dc, levels: []}]}`, "/scheduler/topologies/0/levels"},
+		{`scheduler: {topologies: [{name: dc, levels: [{nodeLabel: "bad label!"}]}]}`, "/scheduler/topologies/0/levels/0/nodeLabel"},
+		{`scheduler: {topologies: [{name: dc, levels: [{nodeLabel: a}]}, {name: dc, levels: [{nodeLabel: b}]}]}`, `topology "dc" is listed twice`},
 		{`scheduler: {workloadResources: [{apiGroups: ["*"], resources: ["*"]}]}`, "/scheduler/workloadResources/0/resources/0"},
 		{`exampleQueues: {queues: [{name: a}, {name: a}]}`, `queue "a" is listed twice`},
 		{`{overview: {enabled: false}, prometheusRule: {enabled: true}}`, "need overview.enabled=true"},

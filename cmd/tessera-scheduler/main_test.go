@@ -19,6 +19,8 @@ func TestBadFlagsAreNamed(t *testing.T) {
 		"--leader-elect-lease-duration=1s --leader-elect-renew-deadline=2s": "--leader-elect-lease-duration (1s) must be longer",
 		"--kubeconfig=/does/not/exist":                                      `--kubeconfig "/does/not/exist"`,
 		"--shadow --shadow-deadlock-after=0":                                "--shadow-deadlock-after must be positive",
+		"--consolidation-max-pods=-1":                                       "--consolidation-max-pods must not be negative",
+		"--usage-weight=-1":                                                 "--usage-weight must not be negative",
 	} {
 		fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
 		o := newOptions()

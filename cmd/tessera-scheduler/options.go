@@ -42,6 +42,7 @@ type options struct {
 	starvation         time.Duration
 	usageHalfLife      time.Duration
 	usageWeight        float64
+	consolidationMax   int
 	formation          time.Duration
 	volumeBind         time.Duration
 	jointSteps         int64
@@ -78,6 +79,7 @@ func newOptions() *options {
 		starvation:         5 * time.Minute,
 		usageHalfLife:      time.Hour,
 		usageWeight:        1,
+		consolidationMax:   16,
 		formation:          2 * time.Minute,
 		volumeBind:         10 * time.Minute,
 		jointSteps:         10000,
@@ -123,6 +125,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.retryPeriod, "leader-elect-retry-period", o.retryPeriod, "Retry period of the candidates.")
 	fs.DurationVar(&o.usageHalfLife, "usage-half-life", o.usageHalfLife, "Half-life of each queue's usage history (status.usage, kept across restarts); 0 keeps none.")
 	fs.Float64Var(&o.usageWeight, "usage-weight", o.usageWeight, "How much past usage lowers a queue's over-quota share (like KAI Scheduler's kValue); 0 ignores it.")
+	fs.IntVar(&o.consolidationMax, "consolidation-max-pods", o.consolidationMax, "Most pods one consolidation moves (evicts, for their workloads to recreate elsewhere) to free whole nodes for a gang that does not fit only because the free GPUs are scattered; 0 disables consolidation.")
 	fs.DurationVar(&o.starvation, "starvation-timeout", o.starvation, "A gang beyond its queue's quota that has not fit for this long (and would fit the empty cluster) holds back other such gangs until it is placed; negative disables.")
 	fs.DurationVar(&o.formation, "gang-formation-timeout", o.formation, "A gang with fewer pods than minMember for this long says so: its PodGroup condition names the workload and how many pods it waits for, an Event is emitted and its pods get PodScheduled=False; negative disables.")
 	fs.DurationVar(&o.volumeBind, "volume-bind-timeout", o.volumeBind, "How long a commit waits for the PV controller to bind a gang's WaitForFirstConsumer volumes before it fails and is undone.")
@@ -166,6 +169,8 @@ func (o *options) validate() error {
 		return fmt.Errorf("--usage-half-life must not be negative, got %s", o.usageHalfLife)
 	case o.usageWeight < 0:
 		return fmt.Errorf("--usage-weight must not be negative, got %g", o.usageWeight)
+	case o.consolidationMax < 0:
+		return fmt.Errorf("--consolidation-max-pods must not be negative (0 disables consolidation), got %d", o.consolidationMax)
 	case o.shadow && len(o.shadowSchedulers) == 0:
 		return errors.New("--shadow-scheduler-names must name at least one scheduler")
 	case o.shadow && o.shadowDeadlock <= 0:

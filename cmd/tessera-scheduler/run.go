@@ -36,17 +36,21 @@ func run(ctx context.Context, o *options) error {
 	}
 
 	opts := scheduler.Options{
-		SchedulerName:     o.schedulerName,
-		Solver:            solver.Config{TopologyKeys: o.topologyKeys, Spread: o.spread, MaxTries: o.maxTries, JointSteps: o.jointSteps, MaxSteps: o.maxSteps},
-		ProbeNamespace:    o.probeNamespace,
-		GPUDrivers:        o.gpuDrivers,
-		Period:            o.period,
-		Parallelism:       o.parallelism,
-		StarvationTimeout: o.starvation,
-		FormationTimeout:  o.formation,
-		UsageHalfLife:     o.usageHalfLife,
-		UsageWeight:       o.usageWeight,
-		VolumeBindTimeout: o.volumeBind,
+		SchedulerName:        o.schedulerName,
+		Solver:               solver.Config{TopologyKeys: o.topologyKeys, Spread: o.spread, MaxTries: o.maxTries, JointSteps: o.jointSteps, MaxSteps: o.maxSteps},
+		ProbeNamespace:       o.probeNamespace,
+		GPUDrivers:           o.gpuDrivers,
+		Period:               o.period,
+		Parallelism:          o.parallelism,
+		StarvationTimeout:    o.starvation,
+		FormationTimeout:     o.formation,
+		UsageHalfLife:        o.usageHalfLife,
+		UsageWeight:          o.usageWeight,
+		ConsolidationMaxPods: o.consolidationMax,
+		VolumeBindTimeout:    o.volumeBind,
+	}
+	if o.consolidationMax == 0 {
+		opts.ConsolidationMaxPods = -1 // the flag's 0 disables it; the Options' 0 is the default
 	}
 	if o.catalog {
 		res, err := newCatalogResolver(ctx, cfg, o.clusterDefinitions, true)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"time"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -13,7 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
-	v1alpha1 "github.com/tessera-gpu/tessera/controlplane/api/v1alpha1"
 	"github.com/tessera-gpu/tessera/controlplane/snapshot"
 	"github.com/tessera-gpu/tessera/controlplane/solver"
 )
@@ -25,27 +23,20 @@ const (
 	ReasonMoved         = "Moved"
 )
 
-// reservation: nodes freed by a consolidation are kept for the gang they were freed for.
-type reservation struct {
-	gang string
-	at   time.Time
-}
-
 // movable pods may be moved to make room: bound pods of preemptible gangs that a controller
 // recreates (an owner reference with controller set), and only where the gang keeps its
 // minMember without them — the pods above minMember of an elastic gang, or any pod of a gang
-// of one.
+// of one — and whose upstream PodGroup does not say disruptionMode all.
 func movable(in Input, gangs []*gangState, g *gangState) map[string][]*v1.Pod {
 	byNode := map[string][]*v1.Pod{}
 	for _, b := range gangs {
-		if b == g || b.pg == nil || len(b.Bound) == 0 || !preemptible(in, b) {
+		if b == g || b.pg == nil || len(b.Bound) == 0 || !preemptible(in, b) || disruptedTogether(b) {
 			continue
 		}
-		var pods []*v1.Pod
-		for _, u := range units(in.Snapshot, b) {
-			if u.extra || b.pg.Spec.MinMember <= 1 {
-				pods = append(pods, u.pods...)
-			}
+		extra, core := split(b)
+		pods := extra
+		if b.pg.Spec.MinMember <= 1 {
+			pods = append(append([]*v1.Pod(nil), extra...), core...)
 		}
 		for _, p := range pods {
 			if metav1.GetControllerOf(p) != nil {
@@ -60,7 +51,8 @@ func movable(in Input, gangs []*gangState, g *gangState) map[string][]*v1.Pod {
 // scattered: it frees whole nodes by moving the fewest movable pods (nodes with the fewest of
 // them first), at most cfg.MaxConsolidationMoves pods, and only once a simulation shows that
 // the gang then fits and every moved pod fits again elsewhere. The freed nodes are reserved
-// for the gang (other gangs avoid them) until it is placed or 2 × EvictionWait passed.
+// for the gang (other gangs avoid them; reserve.go) until it is placed or the reservation
+// expires.
 func consolidate(ctx context.Context, cfg Config, in Input, d *Decisions, mem *Memory, gangs []*gangState, g *gangState) bool {
 	logger := klog.FromContext(ctx)
 	free, need := 0.0, 0.0
@@ -95,7 +87,7 @@ func consolidate(ctx context.Context, cfg Config, in Input, d *Decisions, mem *M
 		held := 0.0
 		counted := map[types.UID]bool{}
 		for _, p := range pods {
-			held += podUsage(in.Snapshot, p, counted)[v1alpha1.ResourceGPU]
+			held += podGPUUnits(in.Snapshot, p, counted)
 		}
 		if ni.GPUFree()+held < ni.GPUTotal-1e-9 {
 			continue // other pods stay on it: moving these would not free the node
@@ -152,9 +144,7 @@ func consolidate(ctx context.Context, cfg Config, in Input, d *Decisions, mem *M
 			mem.evicting[p.UID] = in.Now
 			d.Evictions = append(d.Evictions, p)
 		}
-		for _, n := range nodes {
-			mem.reserved[n] = reservation{gang: g.Key, at: in.Now}
-		}
+		reserve(mem, g.Key, nodes, ReasonConsolidating, in.Now)
 		return true
 	}
 	logger.V(2).Info("Consolidation would not make the gang fit", "podGroup", g.Key, "candidates", len(cands))
@@ -200,18 +190,4 @@ func assume(snap *snapshot.Snapshot, res *solver.Result) {
 		}
 		snap.Assume(p.Node, p.Pod, allocs)
 	}
-}
-
-// reservedAvoid forgets reservations whose gang is placed, gone or waited too long, and
-// returns, for each other gang, the nodes it must avoid.
-func reservedAvoid(cfg Config, in Input, mem *Memory, waiting map[string]bool) map[string]string {
-	out := map[string]string{}
-	for n, r := range mem.reserved {
-		if !waiting[r.gang] || in.Now.Sub(r.at) > 2*cfg.EvictionWait {
-			delete(mem.reserved, n)
-			continue
-		}
-		out[n] = r.gang
-	}
-	return out
 }

@@ -8,6 +8,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -93,5 +94,38 @@ func TestConsolidationFreesWholeNodes(t *testing.T) {
 		if p.Annotations[v1alpha1.PodGroupAnnotation] == "big" && !freed[p.Spec.NodeName] {
 			t.Errorf("big's pod %s on %s, not on a freed node %v", p.Name, p.Spec.NodeName, freed)
 		}
+	}
+}
+
+// Pods of a gang whose upstream PodGroup says disruptionMode all are never moved one by one:
+// with node a's pods so protected (and node d's non-preemptible), the two nodes freed are b
+// and c.
+func TestConsolidationSkipsDisruptedTogether(t *testing.T) {
+	s := newSim(t)
+	s.upstream = map[string]*schedulingv1beta1.PodGroup{}
+	for _, n := range []string{"a", "b", "c", "d"} {
+		s.node(n, 8)
+		for i := range 4 {
+			var m []func(*v1alpha1.PodGroup)
+			if n == "d" {
+				m = append(m, notPreemptible)
+			}
+			name := fmt.Sprintf("%s-p%d", n, i)
+			s.runningPod(name, "q", n, i, m...)
+			if n == "a" {
+				s.upstream["ns/"+name] = &schedulingv1beta1.PodGroup{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name},
+					Spec: schedulingv1beta1.PodGroupSpec{DisruptionMode: &schedulingv1beta1.DisruptionMode{All: &schedulingv1beta1.AllDisruptionMode{}}}}
+			}
+		}
+	}
+	s.queue("q", "", "", "", 1)
+	s.gang("big", "q", 2, 8)
+	d := s.cycle(time.Second)
+	freed := map[string]int{}
+	for _, p := range d.Evictions {
+		freed[p.Spec.NodeName]++
+	}
+	if len(freed) != 2 || freed["b"] != 4 || freed["c"] != 4 {
+		t.Fatalf("moved pods of nodes %v, want the 4 of b and the 4 of c", freed)
 	}
 }

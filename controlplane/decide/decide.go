@@ -64,6 +64,9 @@ type Config struct {
 	// EvictionWait is how long a reclaim waits for its evicted pods before it may choose more
 	// victims. Default 2 minutes.
 	EvictionWait time.Duration
+	// ReservationTimeout bounds how long the nodes freed for a gang (preemption, reclaim,
+	// consolidation) are kept for it when it is not placed. Default 2 × EvictionWait.
+	ReservationTimeout time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -90,6 +93,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.EvictionWait <= 0 {
 		c.EvictionWait = 2 * time.Minute
+	}
+	if c.ReservationTimeout <= 0 {
+		c.ReservationTimeout = 2 * c.EvictionWait
 	}
 	return c
 }
@@ -164,7 +170,8 @@ type Memory struct {
 	warned map[string]string
 	// evicting: pods evicted by a reclaim, and when.
 	evicting map[types.UID]time.Time
-	// reserved: nodes freed by a consolidation, for the gang they were freed for.
+	// reserved: nodes freed by evictions (preemption, reclaim, consolidation), for the gang
+	// they were freed for (reserve.go).
 	reserved map[string]reservation
 }
 
@@ -375,13 +382,14 @@ func Decide(ctx context.Context, cfg Config, in Input, mem *Memory) *Decisions {
 		}
 		byQueue[g.pg.Spec.Queue] = append(byQueue[g.pg.Spec.Queue], g)
 	}
-	// Nodes a consolidation freed are kept for their gang: the others avoid them.
+	// Nodes freed by evictions are kept for their gang: the others avoid them.
 	waiting := map[string]bool{}
 	for _, g := range gangs {
 		if len(g.pending) > 0 {
 			waiting[g.Key] = true
 		}
 	}
+	adoptReservations(mem, gangs)
 	if reserved := reservedAvoid(cfg, in, mem, waiting); len(reserved) > 0 {
 		for _, list := range byQueue {
 			for _, g := range list {
@@ -467,10 +475,11 @@ func Decide(ctx context.Context, cfg Config, in Input, mem *Memory) *Decisions {
 			preemptors = append(preemptors, g)
 		}
 	}
-	// At most one eviction decision per cycle, and none while evicted pods still go away:
-	// first priority within the queue of the most important gang that did not fit, then
-	// quota reclaim across queues.
-	if (len(preemptors) > 0 || reclaimFor != nil || consolidateFor != nil) && !evictionsInFlight(cfg, in, mem) {
+	// At most one eviction decision per cycle, and none while evicted pods still go away
+	// (also those of a reservation a new scheduler took over): first priority within the
+	// queue of the most important gang that did not fit, then quota reclaim across queues,
+	// then consolidation.
+	if (len(preemptors) > 0 || reclaimFor != nil || consolidateFor != nil) && !evictionsInFlight(cfg, in, mem) && !freshReservation(cfg, in, mem) {
 		acted := false
 		for _, g := range preemptors {
 			if acted = preempt(ctx, cfg, in, d, mem, gangs, tree, g); acted {
@@ -701,6 +710,7 @@ func place(ctx context.Context, cfg Config, in Input, d *Decisions, mem *Memory,
 		delete(mem.failures, g.Key)
 	}
 	delete(mem.warned, g.Key)
+	release(mem, g.Key)
 	isPlaced := map[types.UID]bool{}
 	for _, p := range placed {
 		isPlaced[p.UID] = true

@@ -174,10 +174,16 @@ func podClaims(snap *snapshot.Snapshot, pod *v1.Pod, g *gangState) (out []*resou
 // units.
 func podUsage(snap *snapshot.Snapshot, p *v1.Pod, counted map[types.UID]bool) quota.Usage {
 	req := snapshot.PodRequests(p)
-	u := quota.Usage{
+	return quota.Usage{
 		v1alpha1.ResourceCPU:    req.Cpu().AsApproximateFloat64(),
 		v1alpha1.ResourceMemory: req.Memory().AsApproximateFloat64(),
+		v1alpha1.ResourceGPU:    podGPUUnits(snap, p, counted),
 	}
+}
+
+// podGPUUnits is the GPU units of a bound pod's claims not counted yet (podUsage without the
+// requests, for where only GPUs matter).
+func podGPUUnits(snap *snapshot.Snapshot, p *v1.Pod, counted map[types.UID]bool) float64 {
 	var claims []*resourceapi.ResourceClaim
 	for _, pc := range p.Spec.ResourceClaims {
 		name := ""
@@ -198,12 +204,13 @@ func podUsage(snap *snapshot.Snapshot, p *v1.Pod, counted map[types.UID]bool) qu
 			claims = append(claims, c)
 		}
 	}
+	units := 0.0
 	for _, c := range claims {
 		if counted[c.UID] || c.Status.Allocation == nil {
 			continue
 		}
 		counted[c.UID] = true
-		u[v1alpha1.ResourceGPU] += snap.AllocationUnits(c.Status.Allocation)
+		units += snap.AllocationUnits(c.Status.Allocation)
 	}
-	return u
+	return units
 }

@@ -15,6 +15,7 @@ import (
 	v1alpha1 "github.com/tessera-gpu/tessera/controlplane/api/v1alpha1"
 	"github.com/tessera-gpu/tessera/controlplane/quota"
 	"github.com/tessera-gpu/tessera/controlplane/snapshot"
+	"github.com/tessera-gpu/tessera/controlplane/solver"
 )
 
 // ReasonPreempted is the Event reason on a gang evicted for a gang of higher priority of its
@@ -69,14 +70,6 @@ type victimUnit struct {
 // units splits a running gang into what may be evicted of it, in order: the pods above
 // minMember (the newest), then the rest (the whole gang).
 func units(base *snapshot.Snapshot, g *gangState) []victimUnit {
-	bound := append([]*v1.Pod(nil), g.Bound...)
-	sort.SliceStable(bound, func(i, j int) bool {
-		ti, tj := bound[i].CreationTimestamp, bound[j].CreationTimestamp
-		if !ti.Equal(&tj) {
-			return ti.Before(&tj)
-		}
-		return bound[i].Name < bound[j].Name
-	})
 	usage := func(pods []*v1.Pod) quota.Usage {
 		u := quota.Usage{}
 		counted := map[types.UID]bool{}
@@ -85,13 +78,40 @@ func units(base *snapshot.Snapshot, g *gangState) []victimUnit {
 		}
 		return u
 	}
-	core := max(0, min(int(g.pg.Spec.MinMember), len(bound)))
+	extra, core := split(g)
 	var out []victimUnit
-	if extra := bound[core:]; len(extra) > 0 && core > 0 {
+	if len(extra) > 0 {
 		out = append(out, victimUnit{g: g, pods: extra, extra: true, usage: usage(extra)})
-		bound = bound[:core]
 	}
-	return append(out, victimUnit{g: g, pods: bound, usage: usage(bound)})
+	return append(out, victimUnit{g: g, pods: core, usage: usage(core)})
+}
+
+// disruptedTogether: the gang's upstream PodGroup says disruptionMode all (its pods may only
+// be disrupted together, as the kube-scheduler's pod group preemption reads it). Then its
+// pods above minMember are not evicted apart from its core, and consolidation moves none of
+// them (it moves pods one by one). disruptionMode single (the default) lets pods be
+// disrupted independently; tessera still evicts an elastic gang's pods above minMember
+// first and otherwise whole gangs (a gang below minMember cannot run).
+func disruptedTogether(g *gangState) bool {
+	return g.Upstream != nil && g.Upstream.Spec.DisruptionMode != nil && g.Upstream.Spec.DisruptionMode.All != nil
+}
+
+// split divides a running gang's bound pods into those above minMember (the newest; none
+// when the gang has no core or is disrupted together) and its core.
+func split(g *gangState) (extra, core []*v1.Pod) {
+	bound := append([]*v1.Pod(nil), g.Bound...)
+	sort.SliceStable(bound, func(i, j int) bool {
+		ti, tj := bound[i].CreationTimestamp, bound[j].CreationTimestamp
+		if !ti.Equal(&tj) {
+			return ti.Before(&tj)
+		}
+		return bound[i].Name < bound[j].Name
+	})
+	n := max(0, min(int(g.pg.Spec.MinMember), len(bound)))
+	if n > 0 && n < len(bound) && !disruptedTogether(g) {
+		return bound[n:], bound[:n]
+	}
+	return nil, bound
 }
 
 // evictionsInFlight forgets evicted pods that are gone and whose claims are released (or that
@@ -175,6 +195,7 @@ func preempt(ctx context.Context, cfg Config, in Input, d *Decisions, mem *Memor
 	candidates := append(extras, wholes...)
 
 	tries := 0
+	var placement *solver.Result // where the gang goes without the chosen victims
 	fits := func(set []victimUnit) bool {
 		tries++
 		evict := map[types.UID]bool{}
@@ -203,8 +224,12 @@ func preempt(ctx context.Context, cfg Config, in Input, d *Decisions, mem *Memor
 			return false
 		}
 		snap := snapshot.New(without(in.Raw, evict), cfg.Snapshot)
-		_, err := cfg.Solver.Solve(ctx, snap, g.gang)
-		return err == nil
+		res, err := cfg.Solver.Solve(ctx, snap, g.gang)
+		if err != nil {
+			return false
+		}
+		placement = res
+		return true
 	}
 	var chosen []victimUnit
 	found := false
@@ -261,6 +286,8 @@ func preempt(ctx context.Context, cfg Config, in Input, d *Decisions, mem *Memor
 			d.Evictions = append(d.Evictions, p)
 		}
 	}
+	// chosen only changes when the set fits: placement is the last set's.
+	reserve(mem, g.Key, placementNodes(placement), ReasonPreempting, in.Now)
 	d.VictimSetsSimulated += tries
 	return true
 }

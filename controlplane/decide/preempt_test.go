@@ -9,6 +9,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
+	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
@@ -158,6 +159,48 @@ func TestPreemptionTakesElasticExtrasFirst(t *testing.T) {
 	s.cycle(time.Second)
 	if boundPods(s, "hi") != 4 || boundPods(s, "elastic") != 4 || boundPods(s, "core") != 8 {
 		t.Fatalf("after preemption: hi %d, elastic %d, core %d bound; want 4, 4, 8", boundPods(s, "hi"), boundPods(s, "elastic"), boundPods(s, "core"))
+	}
+}
+
+// The upstream PodGroup's disruptionMode: "all" makes the elastic gang one victim (its pods
+// above minMember are not evicted apart from its core: the whole gang goes), "single" (the
+// default) lets them go first as for a gang without an upstream PodGroup. The gang is also
+// not movable by consolidation (TestConsolidationSkipsDisruptedTogether).
+func TestUpstreamDisruptionMode(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		mode *schedulingv1beta1.DisruptionMode
+		want int
+	}{
+		{name: "single", mode: &schedulingv1beta1.DisruptionMode{Single: &schedulingv1beta1.SingleDisruptionMode{}}, want: 4},
+		{name: "unset", want: 4},
+		{name: "all", mode: &schedulingv1beta1.DisruptionMode{All: &schedulingv1beta1.AllDisruptionMode{}}, want: 8},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSim(t)
+			s.node("a", 8)
+			s.node("b", 8)
+			s.queue("q", "", "16", "", 1)
+			s.gang("core", "q", 8, 1)
+			s.gang("elastic", "q", 8, 1, minMember(4))
+			s.upstream = map[string]*schedulingv1beta1.PodGroup{"ns/elastic": {
+				ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "elastic"},
+				Spec:       schedulingv1beta1.PodGroupSpec{DisruptionMode: tc.mode},
+			}}
+			s.cycle(time.Second)
+			if boundPods(s, "elastic") != 8 {
+				t.Fatalf("setup: elastic has %d bound, want 8", boundPods(s, "elastic"))
+			}
+			s.gang("hi", "q", 4, 1, priority(10))
+			d := s.cycle(time.Second)
+			if got := evictedGangs(d); len(got) != 1 || got["elastic"] != tc.want {
+				t.Fatalf("evicted %v, want %d pods of elastic", got, tc.want)
+			}
+			s.cycle(time.Second)
+			if boundPods(s, "hi") != 4 || boundPods(s, "core") != 8 {
+				t.Fatalf("after preemption: hi %d, core %d bound; want 4, 8", boundPods(s, "hi"), boundPods(s, "core"))
+			}
+		})
 	}
 }
 

@@ -128,7 +128,8 @@ func reclaim(ctx context.Context, cfg Config, in Input, d *Decisions, mem *Memor
 		}
 		d.VictimSetsSimulated++
 		snap := snapshot.New(without(in.Raw, evict), cfg.Snapshot)
-		if _, err := cfg.Solver.Solve(ctx, snap, g.gang); err != nil {
+		res, err := cfg.Solver.Solve(ctx, snap, g.gang)
+		if err != nil {
 			continue
 		}
 		names := make([]string, 0, len(chosen))
@@ -153,7 +154,8 @@ func reclaim(ctx context.Context, cfg Config, in Input, d *Decisions, mem *Memor
 				d.Evictions = append(d.Evictions, p)
 			}
 		}
-		return false
+		reserve(mem, g.Key, placementNodes(res), ReasonReclaiming, in.Now)
+		return true
 	}
 	logger.V(2).Info("Reclaim would not make the gang fit", "podGroup", g.Key, "candidates", len(victims))
 	return false

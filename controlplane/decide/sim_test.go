@@ -9,6 +9,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -44,9 +45,10 @@ type sim struct {
 	pods   map[string]*v1.Pod
 	pgs    map[string]*v1alpha1.PodGroup
 	queues map[string]*v1alpha1.Queue
-	// upstream etc. are not needed here.
-	capGen uint64
-	seq    int
+	// upstream: scheduling.k8s.io PodGroups of gangs, by gang key (optional).
+	upstream map[string]*schedulingv1beta1.PodGroup
+	capGen   uint64
+	seq      int
 }
 
 func newSim(t *testing.T) *sim {
@@ -124,7 +126,7 @@ func (s *sim) input() Input {
 		key := "ns/" + p.Annotations[v1alpha1.PodGroupAnnotation]
 		g := gangs[key]
 		if g == nil {
-			g = &Gang{Key: key, PodGroup: s.pgs[key], MappedReason: v1alpha1.ReasonManual}
+			g = &Gang{Key: key, PodGroup: s.pgs[key], MappedReason: v1alpha1.ReasonManual, Upstream: s.upstream[key]}
 			gangs[key] = g
 		}
 		switch {
@@ -147,6 +149,14 @@ func (s *sim) input() Input {
 func (s *sim) cycle(step time.Duration) *Decisions {
 	s.t.Helper()
 	d := Decide(s.ctx, s.cfg, s.input(), s.mem)
+	s.apply(d, true)
+	s.now = s.now.Add(step)
+	return d
+}
+
+// apply applies a cycle's decisions; evicted pods are removed only when evict is set (else
+// they are still going away: their pods and claims stay).
+func (s *sim) apply(d *Decisions, evict bool) {
 	for _, p := range d.Placements {
 		for _, pl := range p.Result.Placements {
 			pod := s.pods["ns/"+pl.Pod.Name].DeepCopy()
@@ -178,11 +188,11 @@ func (s *sim) cycle(step time.Duration) *Decisions {
 		pod.Status.Conditions = []v1.PodCondition{{Type: v1.PodScheduled, Status: v1.ConditionFalse, Reason: v1.PodReasonUnschedulable, Message: pc.Message}}
 		s.pods["ns/"+pod.Name] = pod
 	}
-	for _, p := range d.Evictions {
-		s.remove(p.Name)
+	if evict {
+		for _, p := range d.Evictions {
+			s.remove(p.Name)
+		}
 	}
-	s.now = s.now.Add(step)
-	return d
 }
 
 // remove deletes a pod and releases its claims, as the kubelet and the claim controller do.

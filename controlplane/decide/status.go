@@ -35,6 +35,10 @@ func desiredStatus(in Input, d *Decisions, mem *Memory, g *gangState) {
 	st.Running = int32(g.Running)
 	st.Succeeded, st.Failed = int32(g.Succeeded), int32(g.Failed)
 	st.QueuePosition = g.position
+	st.Reservation = nil
+	if len(g.pending) > 0 {
+		st.Reservation = reservationOf(mem, g.Key)
+	}
 	minMember := int(g.pg.Spec.MinMember)
 	switch {
 	case len(g.pending) == 0 && len(g.bound) == 0 && g.Succeeded+g.Failed > 0:

@@ -89,6 +89,9 @@ type Options struct {
 	// none. UsageWeight is how much it lowers a queue's over-quota share.
 	UsageHalfLife time.Duration
 	UsageWeight   float64
+	// ConsolidationMaxPods is the most pods one consolidation moves. Zero means 16;
+	// negative disables consolidation.
+	ConsolidationMaxPods int
 	// VolumeBindTimeout bounds a commit's wait for the PV controller to bind a gang's
 	// volumes. Zero means 10 minutes (the kube-scheduler's default).
 	VolumeBindTimeout time.Duration
@@ -313,12 +316,13 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	}
 	s.celCache = newCELCache(s.features)
 	s.decideCfg = decide.Config{
-		Solver:            s.solver,
-		Snapshot:          s.snapshotConfig(),
-		StarvationTimeout: s.opts.StarvationTimeout,
-		FormationTimeout:  s.opts.FormationTimeout,
-		UsageHalfLife:     s.opts.UsageHalfLife,
-		UsageWeight:       s.opts.UsageWeight,
+		Solver:                s.solver,
+		Snapshot:              s.snapshotConfig(),
+		StarvationTimeout:     s.opts.StarvationTimeout,
+		FormationTimeout:      s.opts.FormationTimeout,
+		UsageHalfLife:         s.opts.UsageHalfLife,
+		UsageWeight:           s.opts.UsageWeight,
+		MaxConsolidationMoves: s.opts.ConsolidationMaxPods,
 	}
 	wg.Add(1)
 	go func() {

@@ -7,36 +7,70 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/tessera-gpu/tessera/controlplane/api/v1alpha1"
 	"github.com/tessera-gpu/tessera/controlplane/decide"
+	"github.com/tessera-gpu/tessera/controlplane/filters"
 	"github.com/tessera-gpu/tessera/controlplane/fixture"
 	"github.com/tessera-gpu/tessera/controlplane/snapshot"
 	"github.com/tessera-gpu/tessera/controlplane/solver"
 )
 
-// BenchmarkDecidePreemption is one policy cycle on 1,000 nodes × 8 GPUs, all held by 500
-// running priority-0 gangs of 2 pods × 8 GPUs (queue q, quota 8,000), with 50 waiting
-// priority-100 gangs of the same shape: every cycle has to simulate victims (priority
-// preemption) before it evicts. Each iteration builds the cycle's snapshot (not timed, as the
-// scheduler builds it before Decide) and times Decide with fresh memory, so that every
-// iteration chooses victims. Reports p50/p99 per cycle and victim sets simulated per cycle.
+// BenchmarkDecidePreemption is one policy cycle on 1,000 nodes × 8 GPUs with 500 running
+// gangs and 50 waiting gangs of 2 pods × 8 GPUs, in three shapes where each eviction rule has
+// to simulate victims before it evicts:
+//
+//   - preemption: the 500 running gangs (priority 0, queue q, quota 8,000) hold every GPU; the
+//     waiting ones have priority 100: preemption simulates the youngest running gang's eviction.
+//   - reclaim: the running gangs are queue qa's, the waiting ones qb's (two root queues,
+//     quota 0, weight 1): qb is below its fair share and reclaims qa's newest gangs.
+//   - consolidation: each running gang has 8 pods of 1 GPU, four on each of two nodes (minMember
+//     1, owned by a ReplicaSet), so every node has 4 free GPUs: 4,000 free, none of them 8 on
+//     one node. Preemption and reclaim find no victims; consolidation frees two nodes by
+//     moving 8 pods and simulates that they run again elsewhere.
+//
+// The snapshot configuration is the scheduler's (CEL, PodInfo and pre-selection caches kept
+// across cycles, so that the caches are as warm as in a running scheduler). Each iteration
+// builds the cycle's snapshot (not timed, as the scheduler builds it before Decide) and times
+// Decide with fresh memory, so that every iteration chooses victims. Reports p50/p99 per
+// cycle and victim sets simulated per cycle.
 func BenchmarkDecidePreemption(b *testing.B) {
+	for _, shape := range []string{"preemption", "reclaim", "consolidation"} {
+		b.Run(shape, func(b *testing.B) { benchDecide(b, shape) })
+	}
+}
+
+func benchDecide(b *testing.B, shape string) {
 	const nodes, running, waiting = 1000, 500, 50
 	var raw snapshot.Input
-	q := &v1alpha1.Queue{ObjectMeta: metav1.ObjectMeta{Name: "q", UID: "q"}}
-	q.Spec.Resources.GPU = &v1alpha1.ResourceQuota{Quota: ptr.To(resource.MustParse("8000")), OverQuotaWeight: ptr.To[int32](1)}
+	newQueue := func(name, quota string) *v1alpha1.Queue {
+		q := &v1alpha1.Queue{ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID(name)}}
+		q.Spec.Resources.GPU = &v1alpha1.ResourceQuota{Quota: ptr.To(resource.MustParse(quota)), OverQuotaWeight: ptr.To[int32](1)}
+		return q
+	}
+	queues := []*v1alpha1.Queue{newQueue("q", "8000")}
+	runQ, waitQ := "q", "q"
+	var runPrio, waitPrio int32 = 0, 100
+	if shape == "reclaim" {
+		queues = []*v1alpha1.Queue{newQueue("qa", "0"), newQueue("qb", "0")}
+		runQ, waitQ, waitPrio = "qa", "qb", 0
+	}
+	if shape == "consolidation" {
+		waitPrio = 0
+	}
 	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	var gangs []*decide.Gang
-	newGang := func(name string, prio int32, created time.Time) *decide.Gang {
+	newGang := func(name, queue string, prio int32, minMember int32, created time.Time) *decide.Gang {
 		pg := &v1alpha1.PodGroup{ObjectMeta: metav1.ObjectMeta{Namespace: "bench", Name: name, UID: types.UID("pg-" + name), ResourceVersion: "1", Generation: 1,
-			CreationTimestamp: metav1.NewTime(created)}, Spec: v1alpha1.PodGroupSpec{MinMember: 2, Queue: "q", Priority: prio}}
+			CreationTimestamp: metav1.NewTime(created)}, Spec: v1alpha1.PodGroupSpec{MinMember: minMember, Queue: queue, Priority: prio}}
 		return &decide.Gang{Key: "bench/" + name, PodGroup: pg, MappedReason: v1alpha1.ReasonManual}
 	}
 	for i := range nodes {
@@ -44,29 +78,40 @@ func BenchmarkDecidePreemption(b *testing.B) {
 		raw.Nodes = append(raw.Nodes, fixture.Node(name, map[string]string{"rack": fmt.Sprintf("rack-%02d", i/20)}))
 		raw.Slices = append(raw.Slices, fixture.WholeGPUSlices(name, 8)...)
 	}
+	bound := func(gg *decide.Gang, pod, node string, devs []string) {
+		c := fixture.AllocatedClaim("bench", pod, node, devs...)
+		po := fixture.Pod("bench", pod, c.Name)
+		c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: pod, UID: po.UID}}
+		po.Spec.NodeName, po.Status.Phase, po.ResourceVersion = node, v1.PodRunning, "1"
+		po.Annotations = map[string]string{v1alpha1.PodGroupAnnotation: gg.PodGroup.Name}
+		po.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: gg.PodGroup.Name, UID: types.UID("rs-" + gg.PodGroup.Name), Controller: ptr.To(true)}}
+		raw.Claims = append(raw.Claims, c)
+		raw.Pods = append(raw.Pods, po)
+		gg.Bound = append(gg.Bound, po)
+		gg.Running++
+	}
 	for g := range running {
-		gg := newGang(fmt.Sprintf("run-%03d", g), 0, base.Add(time.Duration(g)*time.Second))
+		if shape == "consolidation" {
+			gg := newGang(fmt.Sprintf("run-%03d", g), runQ, runPrio, 1, base.Add(time.Duration(g)*time.Second))
+			for p := range 8 {
+				node := fmt.Sprintf("node-%04d", 2*g+p/4)
+				bound(gg, fmt.Sprintf("run-%03d-%d", g, p), node, []string{fmt.Sprintf("gpu-%d", p%4)})
+			}
+			gangs = append(gangs, gg)
+			continue
+		}
+		gg := newGang(fmt.Sprintf("run-%03d", g), runQ, runPrio, 2, base.Add(time.Duration(g)*time.Second))
 		for p := range 2 {
-			node := fmt.Sprintf("node-%04d", 2*g+p)
-			pod := fmt.Sprintf("run-%03d-%d", g, p)
 			var devs []string
 			for d := range 8 {
 				devs = append(devs, fmt.Sprintf("gpu-%d", d))
 			}
-			c := fixture.AllocatedClaim("bench", pod, node, devs...)
-			po := fixture.Pod("bench", pod, c.Name)
-			c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: pod, UID: po.UID}}
-			po.Spec.NodeName, po.Status.Phase, po.ResourceVersion = node, v1.PodRunning, "1"
-			po.Annotations = map[string]string{v1alpha1.PodGroupAnnotation: gg.PodGroup.Name}
-			raw.Claims = append(raw.Claims, c)
-			raw.Pods = append(raw.Pods, po)
-			gg.Bound = append(gg.Bound, po)
-			gg.Running++
+			bound(gg, fmt.Sprintf("run-%03d-%d", g, p), fmt.Sprintf("node-%04d", 2*g+p), devs)
 		}
 		gangs = append(gangs, gg)
 	}
 	for g := range waiting {
-		gg := newGang(fmt.Sprintf("wait-%02d", g), 100, base.Add(time.Hour))
+		gg := newGang(fmt.Sprintf("wait-%02d", g), waitQ, waitPrio, 2, base.Add(time.Hour))
 		for p := range 2 {
 			pod := fmt.Sprintf("wait-%02d-%d", g, p)
 			c := fixture.GPUClaim("bench", pod, 8)
@@ -80,22 +125,27 @@ func BenchmarkDecidePreemption(b *testing.B) {
 		gangs = append(gangs, gg)
 	}
 	raw.Classes = fixture.DeviceClasses()
-	snapCfg := snapshot.Config{Features: features}
+	// As the scheduler configures its snapshots (controlplane/scheduler snapshotConfig).
+	snapCfg := snapshot.Config{Features: features, CELCache: snapshot.NewCELCache(features), PodInfos: filters.NewPodInfoCache(), Cache: snapshot.NewCache()}
 	cfg := decide.Config{Solver: solver.New(solver.Config{TopologyKeys: []string{"rack"}, Filters: newFilters(b, nil)}), Snapshot: snapCfg}
-	ctx := context.Background()
+	ctx := klog.NewContext(context.Background(), logr.Discard())
+	want := map[string]int{"preemption": 2, "reclaim": 2, "consolidation": 8}[shape]
+	cycle := func() (*decide.Decisions, time.Duration) {
+		in := decide.Input{Now: base.Add(2 * time.Hour), Snapshot: snapshot.New(raw, snapCfg), Raw: raw, Queues: queues, Gangs: gangs}
+		start := time.Now()
+		d := decide.Decide(ctx, cfg, in, decide.NewMemory())
+		return d, time.Since(start)
+	}
+	cycle() // warm the caches, as a running scheduler has them
 	var lat []time.Duration
 	simulated := 0
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		b.StopTimer()
-		in := decide.Input{Now: base.Add(2 * time.Hour), Snapshot: snapshot.New(raw, snapCfg), Raw: raw, Queues: []*v1alpha1.Queue{q}, Gangs: gangs}
-		b.StartTimer()
-		start := time.Now()
-		d := decide.Decide(ctx, cfg, in, decide.NewMemory())
-		lat = append(lat, time.Since(start))
-		if len(d.Evictions) != 2 {
-			b.Fatalf("evicted %d pods, want the 2 of the youngest running gang", len(d.Evictions))
+		d, took := cycle()
+		lat = append(lat, took)
+		if len(d.Evictions) != want {
+			b.Fatalf("%s: evicted %d pods, want %d", shape, len(d.Evictions), want)
 		}
 		simulated += d.VictimSetsSimulated
 	}

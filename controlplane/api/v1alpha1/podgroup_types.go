@@ -206,6 +206,12 @@ type PodGroupStatus struct {
 	// move with every gang ahead that is placed).
 	// +optional
 	QueuePosition *QueuePosition `json:"queuePosition,omitempty"`
+	// Reservation: the nodes the scheduler keeps for this waiting gang after it evicted
+	// pods for it (priority preemption, reclaim, consolidation): other gangs do not use
+	// them until this gang is placed, goes away, or the reservation expires. Kept in the
+	// status so that a new scheduler (restart, failover) keeps it too.
+	// +optional
+	Reservation *Reservation `json:"reservation,omitempty"`
 	// Conditions: Scheduled, QueueResolved, Mapped.
 	// +optional
 	// +listType=map
@@ -221,6 +227,17 @@ type QueuePosition struct {
 	// Overall is the position among all waiting gangs of the cluster: queues take turns by
 	// fair share, as the scheduler takes them.
 	Overall int32 `json:"overall"`
+}
+
+// Reservation is capacity kept for a waiting gang that pods were evicted for.
+type Reservation struct {
+	// Nodes kept for the gang (sorted).
+	Nodes []string `json:"nodes"`
+	// Reason is why: Preempting, Reclaiming or Consolidating.
+	Reason string `json:"reason"`
+	// Since is when the pods were evicted; the reservation ends twice the scheduler's
+	// eviction wait later at the latest.
+	Since metav1.Time `json:"since"`
 }
 
 // PodGroupList is a list of PodGroups.

@@ -88,4 +88,11 @@ message. Every template includes it, so a bad combination fails the render.
 {{- end -}}
 {{- $_ := set $queues .name true -}}
 {{- end -}}
+{{- $topologies := dict -}}
+{{- range .Values.scheduler.topologies -}}
+{{- if hasKey $topologies .name -}}
+{{- fail (printf "invalid values: scheduler.topologies: topology %q is listed twice" .name) -}}
+{{- end -}}
+{{- $_ := set $topologies .name true -}}
+{{- end -}}
 {{- end -}}
