@@ -18,18 +18,7 @@ import (
 // election (a Lease is a write): the chart runs one replica in shadow mode.
 func runShadow(ctx context.Context, o *options, cfg *rest.Config) error {
 	logger := klog.FromContext(ctx)
-	opts := shadow.Options{
-		SchedulerNames:    o.shadowSchedulers,
-		Namespace:         o.shadowNamespace,
-		Solver:            solver.Config{TopologyKeys: o.topologyKeys, Spread: o.spread, MaxTries: o.maxTries, JointSteps: o.jointSteps, MaxSteps: o.maxSteps},
-		GPUDrivers:        o.gpuDrivers,
-		Period:            o.period,
-		StarvationTimeout: o.starvation,
-		FormationTimeout:  o.formation,
-		DeadlockAfter:     o.shadowDeadlock,
-		ReportTTL:         o.shadowReportTTL,
-		AllGangs:          o.shadowAllGangs,
-	}
+	opts := shadowOptions(o)
 	if o.catalog {
 		res, err := newCatalogResolver(ctx, cfg, o.clusterDefinitions, false)
 		if err != nil {
@@ -62,4 +51,29 @@ func runShadow(ctx context.Context, o *options, cfg *rest.Config) error {
 		return err
 	}
 	return nil
+}
+
+// shadowOptions are the shadow's options from the flags: the same solver and
+// policy settings as the acting scheduler's (run.go), so that the shadow
+// decides as tessera would if it were acting.
+func shadowOptions(o *options) shadow.Options {
+	opts := shadow.Options{
+		SchedulerNames:    o.shadowSchedulers,
+		Namespace:         o.shadowNamespace,
+		Solver:            solver.Config{TopologyKeys: o.topologyKeys, Spread: o.spread, MaxTries: o.maxTries, JointSteps: o.jointSteps, MaxSteps: o.maxSteps},
+		GPUDrivers:        o.gpuDrivers,
+		Period:            o.period,
+		StarvationTimeout: o.starvation,
+		FormationTimeout:  o.formation,
+		DeadlockAfter:     o.shadowDeadlock,
+		ReportTTL:         o.shadowReportTTL,
+		AllGangs:          o.shadowAllGangs,
+		UsageWeight:       o.usageWeight,
+		UsageHalfLife:     o.usageHalfLife,
+	}
+	// As for the acting scheduler (run.go): the flag's 0 disables consolidation.
+	if opts.MaxConsolidationMoves = o.consolidationMax; o.consolidationMax == 0 {
+		opts.MaxConsolidationMoves = -1
+	}
+	return opts
 }

@@ -338,7 +338,8 @@ func (s *Shadow) decide(ctx context.Context, now time.Time, capGen uint64, nodes
 		in = append(in, dg)
 	}
 	sort.Slice(in, func(i, j int) bool { return in[i].Key < in[j].Key })
-	cfg := decide.Config{Solver: s.solver, Snapshot: snapCfg, StarvationTimeout: s.opts.StarvationTimeout, FormationTimeout: s.opts.FormationTimeout}
+	cfg := decide.Config{Solver: s.solver, Snapshot: snapCfg, StarvationTimeout: s.opts.StarvationTimeout, FormationTimeout: s.opts.FormationTimeout,
+		UsageWeight: s.opts.UsageWeight, UsageHalfLife: s.opts.UsageHalfLife, MaxConsolidationMoves: s.opts.MaxConsolidationMoves}
 	start := time.Now()
 	var topologies []*v1alpha1.Topology
 	for _, obj := range s.topoInf.GetStore().List() {

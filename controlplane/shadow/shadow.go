@@ -60,6 +60,13 @@ type Options struct {
 	Period time.Duration
 	// StarvationTimeout and FormationTimeout as for the scheduler (decide.Config).
 	StarvationTimeout, FormationTimeout time.Duration
+	// UsageWeight, UsageHalfLife and MaxConsolidationMoves as for the scheduler
+	// (decide.Config), so that the shadow decides with the policy the acting
+	// tessera would run with (fair shares lowered by the queues' usage history,
+	// consolidation bounded the same way).
+	UsageWeight           float64
+	UsageHalfLife         time.Duration
+	MaxConsolidationMoves int
 	// DeadlockAfter: a partly placed gang whose waiting pods are unschedulable and none of
 	// whose pods was bound for this long is deadlocked. Default 5 minutes.
 	DeadlockAfter time.Duration
