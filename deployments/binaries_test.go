@@ -139,7 +139,7 @@ type nodeProcess struct {
 	// secureAddr serves them over HTTPS with the chart's delegated
 	// authentication and authorization (security_test.go).
 	secureAddr string
-	dir  string // kubelet registry, plugin, CDI and MPS directories
+	dir        string // kubelet registry, plugin, CDI and MPS directories
 }
 
 // startNode runs tessera-node as the chart's DaemonSet would on nodeName:
