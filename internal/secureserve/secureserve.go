@@ -9,7 +9,9 @@
 // (/healthz, /readyz, /livez) which anyone may read. Plain HTTP, without
 // authentication, is served only on an address given explicitly.
 //
-// It is the one package of tessera that imports k8s.io/apiserver.
+// It is the one package of tessera that uses k8s.io/apiserver's serving,
+// authentication and authorization (controlplane/filters reads only its
+// feature gates).
 package secureserve
 
 import (
