@@ -135,8 +135,11 @@ func (p *process) stop(grace time.Duration) error {
 // nodeProcess is a tessera-node started with the chart's DaemonSet args.
 type nodeProcess struct {
 	*process
-	addr string // of /healthz, /readyz and /metrics
-	dir  string // kubelet registry, plugin, CDI and MPS directories
+	addr string // of /healthz, /readyz and /metrics over plain HTTP
+	// secureAddr serves them over HTTPS with the chart's delegated
+	// authentication and authorization (security_test.go).
+	secureAddr string
+	dir        string // kubelet registry, plugin, CDI and MPS directories
 }
 
 // startNode runs tessera-node as the chart's DaemonSet would on nodeName:
@@ -164,6 +167,7 @@ func startNode(t *testing.T, c *cluster, ns, prefix, nodeName, values, dir strin
 	}
 	addr := ln.Addr().String()
 	_ = ln.Close()
+	secureAddr := freeAddr(t)
 
 	// The agent's first writes must meet the admission policy: wait until
 	// it is in force.
@@ -183,6 +187,7 @@ func startNode(t *testing.T, c *cluster, ns, prefix, nodeName, values, dir strin
 		"--cdi-dir="+filepath.Join(dir, "cdi"),
 		"--mps-dir="+filepath.Join(dir, "mps"),
 		"--http-address="+addr,
+		"--bind-address=127.0.0.1", "--secure-port="+secureAddr[strings.LastIndex(secureAddr, ":")+1:],
 	)
 	p := startProcess(t, "tessera-node", bin, args, []string{"NODE_NAME=" + env["NODE_NAME"], "POD_UID=" + env["POD_UID"]})
 	err = wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
@@ -199,7 +204,7 @@ func startNode(t *testing.T, c *cluster, ns, prefix, nodeName, values, dir strin
 	if err != nil {
 		t.Fatalf("tessera-node not ready with the chart's flags and access: %v", err)
 	}
-	return &nodeProcess{process: p, addr: addr, dir: dir}
+	return &nodeProcess{process: p, addr: addr, secureAddr: secureAddr, dir: dir}
 }
 
 // nodeDir makes the host directories of a simulated node: reg (the
@@ -233,6 +238,6 @@ func startSchedulerWith(t *testing.T, c *cluster, ns, prefix, values string) *pr
 	bin := binary(t, "tessera-scheduler")
 	kubeconfig := saKubeconfig(t, c, t.TempDir(), ns, prefix+"-scheduler", nil)
 	dep := typed(t, render(t, ns, "{fullnameOverride: "+prefix+values+"}"), "Deployment", prefix+"-scheduler", &appsv1.Deployment{})
-	args := append(dep.Spec.Template.Spec.Containers[0].Args, "--kubeconfig="+kubeconfig, "--metrics-bind-address=127.0.0.1:0")
+	args := append(dep.Spec.Template.Spec.Containers[0].Args, "--kubeconfig="+kubeconfig, "--secure-port=0")
 	return startProcess(t, "tessera-scheduler", bin, args, nil)
 }

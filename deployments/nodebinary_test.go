@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/tessera-gpu/tessera/test/framework"
 )
@@ -30,18 +31,23 @@ func TestNodeBinaryRunsWithChartAccess(t *testing.T) {
 
 	node := startNode(t, c, ns, prefix, nodeName, `{partition: {default: {gpus: [{indices: [0, 1], mode: dynamicMIG}, {indices: [2, 3], mode: shared}, {mode: whole}]}}}`, "")
 
-	list, err := c.client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
-		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", nodeName).String(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	// /readyz answers once the pool is handed to the ResourceSlice
+	// controller, which writes the slices a moment later.
 	devices := 0
-	for _, s := range list.Items {
-		devices += len(s.Spec.Devices)
-	}
-	if devices == 0 {
-		t.Error("ready, but no device published for the node")
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		list, err := c.client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
+			FieldSelector: fields.OneTermEqualSelector("spec.nodeName", nodeName).String(),
+		})
+		if err != nil {
+			return false, err
+		}
+		devices = 0
+		for _, s := range list.Items {
+			devices += len(s.Spec.Devices)
+		}
+		return devices > 0, nil
+	}); err != nil {
+		t.Errorf("ready, but no device published for the node: %v", err)
 	}
 	if socks, _ := filepath.Glob(filepath.Join(node.dir, "reg", "*.sock")); len(socks) == 0 {
 		t.Error("the kubelet plugin did not create its registration socket")

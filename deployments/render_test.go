@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -298,6 +299,42 @@ var combinations = []struct {
 	values string
 	check  func(t *testing.T, r *deployments.Rendered)
 }{
+	{
+		name:   "secure serving (the default) with ServiceMonitors",
+		values: `{serviceMonitor: {enabled: true}, secureServing: {scrapers: [{kind: ServiceAccount, name: prometheus-k8s, namespace: monitoring}]}}`,
+		check: func(t *testing.T, r *deployments.Rendered) {
+			checkServing(t, r, true)
+			if n := len(ofKind(r, "ServiceMonitor")); n != 3 {
+				t.Fatalf("%d ServiceMonitors, want 3", n)
+			}
+			for _, sm := range ofKind(r, "ServiceMonitor") {
+				ep, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
+				e := ep[0].(map[string]any)
+				secure := !strings.HasSuffix(sm.GetName(), "-overview")
+				if got := e["scheme"] == "https" && e["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"; got != secure {
+					t.Errorf("ServiceMonitor %s endpoint %v: HTTPS with the token = %v, want %v", sm.GetName(), e, got, secure)
+				}
+			}
+			crb := typed(t, r, "ClusterRoleBinding", "tessera-metrics-reader", &rbacv1.ClusterRoleBinding{})
+			if crb.RoleRef.Name != "tessera-metrics-reader" || len(crb.Subjects) != 1 || crb.Subjects[0].Name != "prometheus-k8s" {
+				t.Errorf("scraper binding = %+v", crb)
+			}
+		},
+	},
+	{
+		name:   "plain HTTP (secureServing.enabled=false)",
+		values: `secureServing: {enabled: false}`,
+		check: func(t *testing.T, r *deployments.Rendered) {
+			checkServing(t, r, false)
+			for _, kind := range []string{"ClusterRoleBinding", "RoleBinding", "ClusterRole"} {
+				for _, n := range names(ofKind(r, kind)) {
+					if strings.Contains(n, "auth-delegator") || strings.Contains(n, "authentication-reader") || strings.Contains(n, "metrics-reader") {
+						t.Errorf("%s %s rendered for plain HTTP", kind, n)
+					}
+				}
+			}
+		},
+	},
 	{
 		name:   "device plugin for every GPU",
 		values: `node: {devicePlugin: {enabled: true, config: {resourceName: nvidia.com/gpu, migStrategy: mixed, timeSlicing: {replicas: 4, renameByDefault: true}}}, partition: {default: {gpus: [{mode: devicePlugin}]}}}`,
@@ -760,5 +797,53 @@ func TestSyncSources(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "helm/tessera/crds/gone.yaml")); !os.IsNotExist(err) {
 		t.Error("a chart copy without source survived the sync")
+	}
+}
+
+// checkServing: the scheduler's and node agent's endpoint flags, port names
+// and probe schemes are HTTPS (secure) or plain HTTP, never both.
+func checkServing(t *testing.T, r *deployments.Rendered, secure bool) {
+	t.Helper()
+	dep := typed(t, r, "Deployment", "tessera-scheduler", &appsv1.Deployment{})
+	ds := typed(t, r, "DaemonSet", "", &appsv1.DaemonSet{})
+	scheme, name := corev1.URISchemeHTTP, "http"
+	if secure {
+		scheme, name = corev1.URISchemeHTTPS, "https"
+	}
+	for _, tc := range []struct {
+		c     corev1.Container
+		plain string // the plain-HTTP flag
+		port  string
+	}{
+		{dep.Spec.Template.Spec.Containers[0], "--metrics-bind-address", "10359"},
+		{ds.Spec.Template.Spec.Containers[0], "--http-address", "10358"},
+	} {
+		wantArgs := []string{"--secure-port=0", tc.plain + "=:" + tc.port}
+		if secure {
+			wantArgs = []string{"--secure-port=" + tc.port}
+		}
+		var got []string
+		for _, a := range tc.c.Args {
+			if strings.HasPrefix(a, "--secure-port") || strings.HasPrefix(a, tc.plain) {
+				got = append(got, a)
+			}
+		}
+		if !slices.Equal(got, wantArgs) {
+			t.Errorf("%s serving flags = %q, want %q", tc.c.Name, got, wantArgs)
+		}
+		if len(tc.c.Ports) != 1 || tc.c.Ports[0].Name != name || strconv.Itoa(int(tc.c.Ports[0].ContainerPort)) != tc.port {
+			t.Errorf("%s ports = %+v, want %s %s", tc.c.Name, tc.c.Ports, name, tc.port)
+		}
+		for _, p := range []*corev1.Probe{tc.c.LivenessProbe, tc.c.ReadinessProbe} {
+			if p == nil || p.HTTPGet == nil || p.HTTPGet.Scheme != scheme || p.HTTPGet.Port.String() != name {
+				t.Errorf("%s probe %+v, want %s on port %s", tc.c.Name, p, scheme, name)
+			}
+		}
+	}
+	for _, svc := range []string{"tessera-scheduler-metrics", "tessera-node-metrics"} {
+		s := typed(t, r, "Service", svc, &corev1.Service{})
+		if s.Spec.Ports[0].TargetPort.String() != name {
+			t.Errorf("Service %s targets %s, want %s", svc, s.Spec.Ports[0].TargetPort.String(), name)
+		}
 	}
 }

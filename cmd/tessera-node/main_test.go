@@ -43,6 +43,13 @@ type result struct {
 }
 
 func command(args ...string) (*exec.Cmd, *bytes.Buffer) {
+	// No HTTPS endpoint on the fixed default port, which tests running at
+	// once would share (deployments/security_test.go tests it); a test that
+	// reads the endpoints asks for plain HTTP on a free port.
+	// (Subcommands such as mps-daemon have flags of their own.)
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		args = append([]string{"--secure-port=0"}, args...)
+	}
 	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), runMainEnv+"=1", "NODE_NAME=")
 	var out bytes.Buffer

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -19,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
+	utilerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/component-base/featuregate"
@@ -32,6 +32,7 @@ import (
 	"github.com/tessera-gpu/tessera/draplugin/executor"
 	"github.com/tessera-gpu/tessera/draplugin/sharing"
 	"github.com/tessera-gpu/tessera/internal/metricsconv"
+	"github.com/tessera-gpu/tessera/internal/secureserve"
 	"github.com/tessera-gpu/tessera/nodeagent/agent"
 	"github.com/tessera-gpu/tessera/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/nodeagent/health"
@@ -44,7 +45,6 @@ type options struct {
 	kubeconfig     string
 	backend        string
 	configPath     string
-	httpAddress    string
 	resyncPeriod   time.Duration
 	startupTimeout time.Duration
 	benignXIDs     []uint
@@ -76,13 +76,20 @@ type options struct {
 
 	logging     *logsapi.LoggingConfiguration
 	featureGate featuregate.MutableVersionedFeatureGate
+
+	// serving: /healthz, /readyz, /livez and /metrics over HTTPS with
+	// delegated authentication and authorization (the kube-scheduler's
+	// flags), plain HTTP only with --http-address.
+	serving *secureserve.Options
 }
+
+// DefaultSecurePort is where the HTTPS endpoint listens by default.
+const DefaultSecurePort = 10358
 
 func newOptions() *options {
 	o := &options{
 		nodeName:            os.Getenv("NODE_NAME"),
 		backend:             nvmlbackend.Real,
-		httpAddress:         ":8080",
 		resyncPeriod:        time.Minute,
 		startupTimeout:      30 * time.Second,
 		probeInterval:       10 * time.Second,
@@ -100,6 +107,7 @@ func newOptions() *options {
 		cdiHookPath:         cdi.DefaultHookPath,
 		logging:             logsapi.NewLoggingConfiguration(),
 		featureGate:         featuregate.NewFeatureGate(),
+		serving:             secureserve.NewOptions("tessera-node", DefaultSecurePort),
 	}
 	// Logging features (contextual logging, JSON options) are the only
 	// feature gates so far; tessera's own would be added to the same gate.
@@ -182,7 +190,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Path to a kubeconfig; empty: $KUBECONFIG, else the in-cluster service account.")
 	fs.StringVar(&o.backend, "backend", o.backend, fmt.Sprintf("NVML backend: %q (libnvidia-ml.so.1), %q, or %q<machine>[?gpus=N] with machine one of %s.", nvmlbackend.Real, nvmlbackend.Real+":<library path>", nvmlbackend.MockPrefix, strings.Join(nvmlbackend.MockMachines(), ", ")))
 	fs.StringVar(&o.configPath, "config", "", "Partition config file (YAML, see docs/nodeagent.md); empty offers every GPU whole. Read again at every resync.")
-	fs.StringVar(&o.httpAddress, "http-address", o.httpAddress, "Address for /healthz, /readyz and /metrics; empty disables the endpoint.")
+	o.serving.AddFlags(fs, "http-address", "/healthz, /readyz, /livez and /metrics")
 	fs.DurationVar(&o.resyncPeriod, "resync-period", o.resyncPeriod, "How often GPUs and the partition config are read again.")
 	fs.DurationVar(&o.startupTimeout, "startup-timeout", o.startupTimeout, "How long to wait for the API server and the Node at start before exiting with an error.")
 	fs.UintSliceVar(&o.benignXIDs, "benign-xids", nil, fmt.Sprintf("XIDs to ignore in addition to the built-in %v.", health.DefaultBenignXIDs))
@@ -213,6 +221,9 @@ func (o *options) validate() (*partition.Config, error) {
 	}
 	if o.probeInterval <= 0 {
 		return nil, fmt.Errorf("--health-probe-interval must be positive, got %s", o.probeInterval)
+	}
+	if errs := o.serving.Validate(); len(errs) > 0 {
+		return nil, utilerrors.NewAggregate(errs)
 	}
 	if _, err := nvmlbackend.ParseSpec(o.backend); err != nil {
 		return nil, fmt.Errorf("--backend: %w", err)
@@ -364,24 +375,14 @@ func run(ctx context.Context, o *options, components []agent.Component) error {
 		return err
 	}
 
-	if o.httpAddress != "" {
-		ln, err := net.Listen("tcp", o.httpAddress)
-		if err != nil {
-			return fmt.Errorf("--http-address: %w", err)
-		}
-		srv := &http.Server{Handler: endpoints(a, pluginMetrics), ReadHeaderTimeout: 10 * time.Second}
-		go func() {
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				logger.Error(err, "HTTP endpoint stopped")
-			}
-		}()
-		defer func() {
-			shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			_ = srv.Shutdown(shutdownCtx)
-		}()
-		logger.Info("Serving /healthz, /readyz and /metrics", "address", ln.Addr().String())
+	// HTTPS with delegated authentication and authorization, plain HTTP
+	// only with --http-address (internal/secureserve).
+	o.serving.DefaultKubeconfig(o.kubeconfig)
+	srv, err := o.serving.Serve(ctx, endpoints(a, pluginMetrics))
+	if err != nil {
+		return err
 	}
+	defer srv.Stop()
 	logger.Info("Starting", "node", o.nodeName, "backend", o.backend, "config", o.configPath)
 	if err := a.Run(ctx); err != nil {
 		return err
@@ -419,9 +420,11 @@ func (o *options) roots(lib nvml.Interface) (*nvmlbackend.Roots, error) {
 
 func endpoints(a *agent.Agent, pluginMetrics prometheus.Gatherers) http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-		_, _ = w.Write([]byte("ok\n"))
-	})
+	for _, path := range []string{"/healthz", "/livez"} {
+		mux.HandleFunc(path, func(w http.ResponseWriter, _ *http.Request) {
+			_, _ = w.Write([]byte("ok\n"))
+		})
+	}
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !a.Ready() {
 			http.Error(w, "not published yet", http.StatusServiceUnavailable)

@@ -3,19 +3,19 @@ package main
 import (
 	"errors"
 	"fmt"
-	"net"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
+	utilerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/component-base/featuregate"
 	logsapi "k8s.io/component-base/logs/api/v1"
 
 	"github.com/tessera-gpu/tessera/contract"
+	"github.com/tessera-gpu/tessera/internal/secureserve"
 )
 
 type options struct {
@@ -31,7 +31,6 @@ type options struct {
 	gpuDrivers         []string
 	catalog            bool
 	clusterDefinitions bool
-	metricsAddress     string
 	leaderElect        bool
 	leaseNamespace     string
 	leaseName          string
@@ -55,7 +54,16 @@ type options struct {
 	shadowAllGangs     bool
 	logging            *logsapi.LoggingConfiguration
 	featureGate        featuregate.MutableVersionedFeatureGate
+
+	// serving: /metrics, /healthz, /readyz and /livez over HTTPS with
+	// delegated authentication and authorization (the kube-scheduler's
+	// flags), plain HTTP only with --metrics-bind-address.
+	serving *secureserve.Options
 }
+
+// DefaultSecurePort is where the HTTPS endpoint listens by default (the
+// kube-scheduler's 10259 plus 100, so both fit on one host network).
+const DefaultSecurePort = 10359
 
 func newOptions() *options {
 	o := &options{
@@ -68,7 +76,6 @@ func newOptions() *options {
 		gpuDrivers:         []string{contract.DriverName},
 		catalog:            true,
 		clusterDefinitions: true,
-		metricsAddress:     ":8080",
 		leaderElect:        true,
 		leaseNamespace:     os.Getenv("POD_NAMESPACE"),
 		leaseName:          "tessera-scheduler",
@@ -90,6 +97,7 @@ func newOptions() *options {
 		shadowReportTTL:    24 * time.Hour,
 		logging:            logsapi.NewLoggingConfiguration(),
 		featureGate:        featuregate.NewFeatureGate(),
+		serving:            secureserve.NewOptions("tessera-scheduler", DefaultSecurePort),
 	}
 	if o.leaseNamespace == "" {
 		o.leaseNamespace = "kube-system"
@@ -116,7 +124,6 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&o.gpuDrivers, "gpu-drivers", o.gpuDrivers, "DRA drivers whose devices are counted in GPU units for queue quotas.")
 	fs.BoolVar(&o.catalog, "catalog", o.catalog, "Map pods to gangs through the workload catalog (built-in definitions); when false every pod without a PodGroup annotation is a gang of one.")
 	fs.BoolVar(&o.clusterDefinitions, "workload-definitions", o.clusterDefinitions, "With --catalog, follow the cluster's WorkloadDefinition objects (they override built-ins of the same kind; each gets an Accepted condition); needs the WorkloadDefinition CRD, else the built-ins alone apply.")
-	fs.StringVar(&o.metricsAddress, "metrics-bind-address", o.metricsAddress, "Address of the /metrics and /healthz endpoint; empty disables it.")
 	fs.BoolVar(&o.leaderElect, "leader-elect", o.leaderElect, "Schedule only while holding the Lease (run several replicas for failover).")
 	fs.StringVar(&o.leaseNamespace, "leader-elect-resource-namespace", o.leaseNamespace, "Namespace of the Lease.")
 	fs.StringVar(&o.leaseName, "leader-elect-resource-name", o.leaseName, "Name of the Lease.")
@@ -138,6 +145,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.shadowDeadlock, "shadow-deadlock-after", o.shadowDeadlock, "With --shadow: a partly placed gang whose waiting pods are unschedulable and of which no pod was bound for this long is reported deadlocked.")
 	fs.DurationVar(&o.shadowReportTTL, "shadow-report-ttl", o.shadowReportTTL, "With --shadow: reports of gangs that ended are deleted this long after; negative keeps them.")
 	fs.BoolVar(&o.shadowAllGangs, "shadow-all-gangs", o.shadowAllGangs, "With --shadow: report every gang, not only AI gangs (more than one pod, or pods with ResourceClaims or extended resources).")
+	o.serving.AddFlags(fs, "metrics-bind-address", "/metrics, /healthz, /readyz and /livez")
 	logsapi.AddFlags(o.logging, fs)
 	o.featureGate.AddFlag(fs)
 }
@@ -218,14 +226,8 @@ func (o *options) validate() error {
 			return fmt.Errorf("--gpu-drivers: %q is not a DRA driver name: %s", d, strings.Join(errs, "; "))
 		}
 	}
-	if o.metricsAddress != "" {
-		_, port, err := net.SplitHostPort(o.metricsAddress)
-		if err != nil {
-			return fmt.Errorf("--metrics-bind-address %q: %w", o.metricsAddress, err)
-		}
-		if _, err := strconv.ParseUint(port, 10, 16); err != nil {
-			return fmt.Errorf("--metrics-bind-address %q: port %q is not a number 0..65535", o.metricsAddress, port)
-		}
+	if errs := o.serving.Validate(); len(errs) > 0 {
+		return utilerrors.NewAggregate(errs)
 	}
 	return nil
 }

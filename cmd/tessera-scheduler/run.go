@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
-	"time"
 
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
@@ -75,17 +73,11 @@ func run(ctx context.Context, o *options) error {
 		return err
 	}
 	scheduler.RegisterMetrics()
-	if o.metricsAddress != "" {
-		srv, err := serveMetrics(ctx, o.metricsAddress)
-		if err != nil {
-			return err
-		}
-		defer func() {
-			shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_ = srv.Shutdown(shutdownCtx)
-		}()
+	stopServing, err := serveEndpoints(ctx, o)
+	if err != nil {
+		return err
 	}
+	defer stopServing()
 	logger.Info("Starting", "schedulerName", o.schedulerName, "leaderElection", o.leaderElect)
 	if err := s.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
 		return err
@@ -114,19 +106,20 @@ func newCatalogResolver(ctx context.Context, cfg *rest.Config, clusterDefs, writ
 	return res, err
 }
 
-func serveMetrics(ctx context.Context, addr string) (*http.Server, error) {
+// serveEndpoints serves /metrics and the health paths over HTTPS with
+// delegated authentication and authorization, and over plain HTTP only with
+// --metrics-bind-address (internal/secureserve). The health paths answer ok
+// while the process runs: a standby replica is healthy and ready too.
+func serveEndpoints(ctx context.Context, o *options) (stop func(), err error) {
+	o.serving.DefaultKubeconfig(o.kubeconfig)
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", metricsconv.Handler())
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("--metrics-bind-address %s: %w", addr, err)
+	for _, path := range []string{"/healthz", "/readyz", "/livez"} {
+		mux.HandleFunc(path, func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			klog.FromContext(ctx).Error(err, "Metrics server stopped")
-		}
-	}()
-	return srv, nil
+	srv, err := o.serving.Serve(ctx, mux)
+	if err != nil {
+		return nil, err
+	}
+	return srv.Stop, nil
 }

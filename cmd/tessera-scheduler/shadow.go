@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"time"
 
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
@@ -32,17 +31,11 @@ func runShadow(ctx context.Context, o *options, cfg *rest.Config) error {
 		return err
 	}
 	shadow.RegisterMetrics()
-	if o.metricsAddress != "" {
-		srv, err := serveMetrics(ctx, o.metricsAddress)
-		if err != nil {
-			return err
-		}
-		defer func() {
-			shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_ = srv.Shutdown(shutdownCtx)
-		}()
+	stopServing, err := serveEndpoints(ctx, o)
+	if err != nil {
+		return err
 	}
+	defer stopServing()
 	if o.leaderElect {
 		logger.Info("Shadow mode writes no Lease: --leader-elect is ignored; run one replica")
 	}

@@ -115,7 +115,8 @@ func TestShadowFlag(t *testing.T) {
 	addr := l.Addr().String()
 	l.Close()
 	o := newOptions()
-	o.kubeconfig, o.shadow, o.shadowNamespace, o.metricsAddress, o.period = cp.KubeconfigPath, true, reportNS, addr, 200*time.Millisecond
+	o.kubeconfig, o.shadow, o.shadowNamespace, o.serving.InsecureAddress, o.period = cp.KubeconfigPath, true, reportNS, addr, 200*time.Millisecond
+	o.serving.SecureServing.BindPort = 0 // plain HTTP only, on a free port
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, o) }()
 	defer func() {

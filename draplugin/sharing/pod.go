@@ -90,7 +90,17 @@ func (l *PodLauncher) Pod(spec DaemonSpec, dirs Dirs) *corev1.Pod {
 		{Name: "shm", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: dirs.Shm, Type: &hostPathDir}}},
 	}
 	var env []corev1.EnvVar
-	sc := &corev1.SecurityContext{RunAsUser: ptr.To[int64](0), AllowPrivilegeEscalation: ptr.To(false)}
+	// Root with the runtime's default capabilities: the MPS control daemon
+	// starts each server as the user of its first client (setuid/setgid),
+	// in a host directory the plugin created as root. Otherwise as Pod
+	// Security restricted asks: no privilege escalation, RuntimeDefault
+	// seccomp. The pod needs the privileged level all the same (hostPID
+	// and hostPath volumes, below); docs/install.md names each exception.
+	sc := &corev1.SecurityContext{
+		RunAsUser:                ptr.To[int64](0),
+		AllowPrivilegeEscalation: ptr.To(false),
+		SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
 	var runtimeClass *string
 	if l.RuntimeClassName != "" {
 		// The NVIDIA runtime injects the MPS tools and libcuda matching the

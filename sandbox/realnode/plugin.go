@@ -106,6 +106,7 @@ func (n *Node) StartPlugin(ctx context.Context, opts PluginOptions) (*Plugin, er
 		// same in both modes; what differs is only who starts the process.
 		"--mps-daemon=process",
 		"--http-address=" + p.http,
+		"--secure-port=0", // several nodes share this host: plain HTTP on their own ports only
 		"--v=4",
 	}
 	if n.opts.PartitionConfig != "" {

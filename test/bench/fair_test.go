@@ -250,7 +250,7 @@ func fairRun(b *testing.B, which string, run int, binDir, tesseraBin string) fai
 	defer logFile.Close()
 	var cmd *exec.Cmd
 	if which == "tessera" {
-		cmd = exec.Command(tesseraBin, "--kubeconfig="+cp.KubeconfigPath, "--leader-elect=false", "--metrics-bind-address=",
+		cmd = exec.Command(tesseraBin, "--kubeconfig="+cp.KubeconfigPath, "--leader-elect=false", "--secure-port=0",
 			"--catalog=false", "--workload-definitions=false",
 			fmt.Sprintf("--kube-api-qps=%d", *fairQPS), fmt.Sprintf("--kube-api-burst=%d", 2**fairQPS), "--v=1")
 	} else {
