@@ -63,8 +63,8 @@ func httpsGet(url, token string) (int, string, error) {
 // with the chart's flags (HTTPS, the default) as their service accounts with
 // nothing but the chart's RBAC, which must let them delegate authentication
 // (TokenReview) and authorization (SubjectAccessReview) to the real API
-// server: /metrics refuses a request without a token (401) and a service
-// account without the chart's metrics-reader role (403), and serves the
+// server: /metrics refuses a request without a token (403 for system:anonymous,
+// as the kube-scheduler answers) and a service account without the chart's metrics-reader role (403), and serves the
 // scraper the chart binds (secureServing.scrapers); the health paths need no
 // token (the kubelet's probes carry none).
 func TestSecureEndpointsWithChartAccess(t *testing.T) {
@@ -125,7 +125,7 @@ func TestSecureEndpointsWithChartAccess(t *testing.T) {
 				want              int
 				body              string
 			}{
-				{"no token", "/metrics", "", http.StatusUnauthorized, "Unauthorized"},
+				{"no token (system:anonymous)", "/metrics", "", http.StatusForbidden, `system:anonymous\" cannot get path \"/metrics\"`},
 				{"a service account without the metrics-reader role", "/metrics", other, http.StatusForbidden, `cannot get path \"/metrics\"`},
 				{"the scraper the chart binds", "/metrics", prometheus, http.StatusOK, agent.metric},
 				{"livez without a token", "/livez", "", http.StatusOK, "ok"},

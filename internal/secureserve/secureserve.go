@@ -26,7 +26,6 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
-	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	genericapifilters "k8s.io/apiserver/pkg/endpoints/filters"
 	apirequest "k8s.io/apiserver/pkg/endpoints/request"
@@ -209,42 +208,18 @@ func (s *Server) Stop() {
 	}
 }
 
-// chain is the kube-scheduler's buildHandlerChain, with one difference: a
-// request without credentials that may not read its path is told 401
-// Unauthorized (so that a scraper without a token learns it needs one), where
-// the kube-scheduler answers 403 for system:anonymous. RBAC may still grant
-// system:anonymous or system:unauthenticated a path; that request is served.
+// chain is the kube-scheduler's buildHandlerChain (cmd/kube-scheduler/app/server.go):
+// authentication (a request without credentials is system:anonymous, as there), then
+// authorization. So a scraper without a token gets 403 for system:anonymous, as from the
+// kube-scheduler, and one with a token the API server does not know gets 401.
 func chain(handler http.Handler, authn server.AuthenticationInfo, authz authorizer.Authorizer) http.Handler {
 	resolver := &apirequest.RequestInfoFactory{}
 	unauthorized := genericapifilters.Unauthorized(scheme.Codecs)
 	handler = genericapifilters.WithAuthorization(handler, authz, scheme.Codecs)
-	handler = challengeAnonymous(handler, authz, unauthorized)
 	handler = genericapifilters.WithAuthentication(handler, authn.Authenticator, unauthorized, nil, nil)
 	handler = genericapifilters.WithRequestInfo(handler, resolver)
 	handler = genericapifilters.WithCacheControl(handler)
 	handler = genericfilters.WithHTTPLogging(handler)
 	handler = genericfilters.WithPanicRecovery(handler, resolver)
 	return handler
-}
-
-// challengeAnonymous answers 401 to an anonymous request that the authorizer
-// would refuse; every other request goes on to WithAuthorization.
-func challengeAnonymous(handler http.Handler, authz authorizer.Authorizer, unauthorized http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		u, ok := apirequest.UserFrom(req.Context())
-		if !ok || u.GetName() != user.Anonymous {
-			handler.ServeHTTP(w, req)
-			return
-		}
-		attrs, err := genericapifilters.GetAuthorizerAttributes(req.Context())
-		if err != nil {
-			handler.ServeHTTP(w, req) // WithAuthorization reports it
-			return
-		}
-		if decision, _, _ := authz.Authorize(req.Context(), attrs); decision != authorizer.DecisionAllow {
-			unauthorized.ServeHTTP(w, req)
-			return
-		}
-		handler.ServeHTTP(w, req)
-	})
 }

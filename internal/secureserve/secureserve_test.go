@@ -122,7 +122,7 @@ func TestDelegatedAuth(t *testing.T) {
 		want              int
 		body              string
 	}{
-		{"no token", "/metrics", "", http.StatusUnauthorized, "Unauthorized"},
+		{"no token (system:anonymous, as the kube-scheduler)", "/metrics", "", http.StatusForbidden, `system:anonymous\" cannot get path \"/metrics\"`},
 		{"a token the API server does not know", "/metrics", "not-a-token", http.StatusUnauthorized, "Unauthorized"},
 		{"a service account without the role", "/metrics", other, http.StatusForbidden, `system:serviceaccount:` + ns + `:other\" cannot get path \"/metrics\"`},
 		{"the scraper", "/metrics", scraper, http.StatusOK, "# TYPE "},
@@ -168,8 +168,8 @@ func TestOutsideAClusterWithoutKubeconfig(t *testing.T) {
 	if code, _ := get(t, "https://"+srv.SecureAddr.String()+"/healthz", ""); code != http.StatusOK {
 		t.Errorf("/healthz: %d", code)
 	}
-	if code, _ := get(t, "https://"+srv.SecureAddr.String()+"/metrics", ""); code != http.StatusUnauthorized {
-		t.Errorf("/metrics without delegation: %d, want 401", code)
+	if code, _ := get(t, "https://"+srv.SecureAddr.String()+"/metrics", ""); code != http.StatusForbidden {
+		t.Errorf("/metrics without delegation: %d, want 403", code)
 	}
 	if srv.InsecureAddr != nil {
 		t.Errorf("plain HTTP served without its flag: %s", srv.InsecureAddr)
