@@ -38,7 +38,7 @@ var (
 	fairQPS       = flag.Int("fair-qps", 5000, "client QPS of both schedulers in BenchmarkFair (burst twice that)")
 	fairScore     = flag.Int("fair-stock-percentage", 0, "the kube-scheduler's percentageOfNodesToScore in BenchmarkFair; 0 is its default (all nodes up to 100, then 50% less 1% per 125 nodes, at least 100 nodes)")
 	fairChurn     = flag.Duration("fair-churn", 5*time.Minute, "how long the churn scenario of BenchmarkFair runs")
-	fairChurnRate = flag.Float64("fair-churn-rate", 20, "pods per second that end and arrive in the churn scenario of BenchmarkFair")
+	fairChurnRate = flag.Float64("fair-churn-rate", 0, "pods per second that arrive (and as many end) in the churn scenario of BenchmarkFair; 0: nodes/5 (20/s at 100 nodes: the live pods turn over every 20 s)")
 	fairWindow    = flag.Duration("fair-unfit-window", 30*time.Second, "how long the unfit scenario of BenchmarkFair measures the cost of gangs that wait")
 	fairStall     = flag.Duration("fair-stall", time.Minute, "a run of BenchmarkFair ends when no pod has been bound for this long; the pods left are reported as pending")
 )
@@ -108,12 +108,15 @@ func fairScenario(b *testing.B, env *fairEnv, sc scenario) string {
 	b.Logf("  tessera:        %s", t.describe(sc))
 	b.Logf("  kube-scheduler: %s", s.describe(sc))
 	name, tv, sv := t.headline(sc, s)
-	ratio := tv.median / sv.median
-	b.Logf("  ratio tessera/kube-scheduler %s: %.2f", name, ratio)
+	ratio := "n/a (kube-scheduler 0)"
+	if sv.median != 0 {
+		ratio = fmt.Sprintf("%.2f", tv.median/sv.median)
+		b.ReportMetric(tv.median/sv.median, "ratio")
+	}
+	b.Logf("  ratio tessera/kube-scheduler %s: %s", name, ratio)
 	b.ReportMetric(tv.median, "tessera-"+name)
 	b.ReportMetric(sv.median, "stock-"+name)
-	b.ReportMetric(ratio, "ratio")
-	return fmt.Sprintf("  %-12s %s: tessera %v, kube-scheduler %v, ratio %.2f; quality tessera [%s] kube-scheduler [%s]",
+	return fmt.Sprintf("  %-12s %s: tessera %v, kube-scheduler %v, ratio %s; quality tessera [%s] kube-scheduler [%s]",
 		sc.name, name, tv, sv, ratio, t.quality, s.quality)
 }
 
@@ -188,7 +191,7 @@ func (s fairSummary) describe(sc scenario) string {
 	common := fmt.Sprintf("CPU ms/pod %v, peak RSS MiB %v, reads/pod %v, writes/pod %v, throttling lines %d", s.cpuMsPerPod, s.rss, s.reads, s.writes, s.throttled)
 	switch {
 	case sc.unfit:
-		return fmt.Sprintf("CPU ms/s %v, API writes/s %v, pods bound %v; %s", s.idleCPU, s.idleWrites, s.pending, common)
+		return fmt.Sprintf("CPU ms/s %v, API writes/s %v, pods left waiting %v (all must be); %s", s.idleCPU, s.idleWrites, s.pending, common)
 	case sc.churn:
 		return fmt.Sprintf("creation→bound p50 ms %v, p99 ms %v, arrivals/s %v, pending %v, cold start s %v; %s", s.latP50, s.latP99, s.achieved, s.pending, s.cold, common)
 	}
@@ -601,14 +604,43 @@ func (tr *tracker) churn(ctx context.Context, b *testing.B, kube kubernetes.Inte
 	sem := make(chan struct{}, 32)
 	var errMu sync.Mutex
 	var firstErr error
+	do := func(f func() error) {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			if err := f(); err != nil {
+				errMu.Lock()
+				if firstErr == nil {
+					firstErr = err
+				}
+				errMu.Unlock()
+			}
+		}()
+	}
+	rate := *fairChurnRate
+	if rate <= 0 {
+		rate = float64(*fairNodes) / 5
+	}
 	tick := time.NewTicker(100 * time.Millisecond)
 	start := time.Now()
-	acc, n := 0.0, 0
+	// Each arrival owes one ending; an ending waits for a bound pod to end, so the
+	// population stays where the init phase left it (50% of G) whatever the latency.
+	acc, n, owed := 0.0, 0, 0
 	for time.Since(start) < *fairChurn {
 		<-tick.C
-		for acc += *fairChurnRate / 10; acc >= 1; acc-- {
+		for acc += rate / 10; acc >= 1; acc-- {
 			name := fmt.Sprintf("c%06d", n)
 			n++
+			owed++
+			do(func() error {
+				tr.mu.Lock()
+				tr.created[name] = time.Now()
+				tr.mu.Unlock()
+				return createFairPod(ctx, kube, ns, which, "churn", name, name, gangSpec{pods: 1, gpus: 1})
+			})
+		}
+		for ; owed > 0; owed-- {
 			tr.mu.Lock()
 			victim := ""
 			if tr.next < len(tr.order) {
@@ -616,32 +648,15 @@ func (tr *tracker) churn(ctx context.Context, b *testing.B, kube kubernetes.Inte
 				tr.next++
 			}
 			tr.mu.Unlock()
-			sem <- struct{}{}
-			wg.Add(1)
-			go func() {
-				defer func() { <-sem; wg.Done() }()
-				err := func() error {
-					if victim != "" {
-						if err := kube.CoreV1().Pods(ns).Delete(ctx, victim, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
-							return err
-						}
-						if err := kube.ResourceV1().ResourceClaims(ns).Delete(ctx, victim, metav1.DeleteOptions{}); err != nil {
-							return err
-						}
-					}
-					tr.mu.Lock()
-					tr.created[name] = time.Now()
-					tr.mu.Unlock()
-					return createFairPod(ctx, kube, ns, which, "churn", name, name, gangSpec{pods: 1, gpus: 1})
-				}()
-				if err != nil {
-					errMu.Lock()
-					if firstErr == nil {
-						firstErr = err
-					}
-					errMu.Unlock()
+			if victim == "" {
+				break
+			}
+			do(func() error {
+				if err := kube.CoreV1().Pods(ns).Delete(ctx, victim, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+					return err
 				}
-			}()
+				return kube.ResourceV1().ResourceClaims(ns).Delete(ctx, victim, metav1.DeleteOptions{})
+			})
 		}
 	}
 	tick.Stop()
