@@ -91,7 +91,7 @@ var scenarios = []scenario{
 		init: func(n int) []gangSpec { return ones(4 * n) }, churn: true},
 	{name: "mig", what: "shape: partitionable GPUs (H100 MIG profiles on shared counters); per node 2 whole-GPU, 4 3g.40gb and 14 1g.10gb pods (6 of 8 GPUs' worth), interleaved",
 		mig: true, batch: migMix},
-	{name: "unfit", what: "shape: every node holds 7 pinned one-GPU pods; 4 gangs of 8 two-GPU pods cannot fit; CPU and writes per second while they wait",
+	{name: "unfit", what: "shape: every node holds 7 pinned one-GPU pods; 3 gangs of 8 two-GPU pods and a gang of nodes+1 one-GPU pods cannot fit; CPU and writes per second while they wait",
 		stockGates: []string{gateGenericWorkload}, unfit: true,
 		init: func(n int) []gangSpec {
 			var out []gangSpec
@@ -102,12 +102,15 @@ var scenarios = []scenario{
 			}
 			return out
 		},
-		batch: func(int) []gangSpec {
-			out := gangs(4, 8, "")
+		batch: func(n int) []gangSpec {
+			out := gangs(3, 8, "")
 			for i := range out {
 				out[i].gpus = 2
 			}
-			return out
+			// Each of its pods fits (a node has a free GPU) but the gang does not: without
+			// gang semantics n of its pods would be bound (a partial gang, counted as a
+			// violation), which proves both schedulers hold it back whole.
+			return append(out, gangSpec{pods: n + 1, gpus: 1})
 		}},
 }
 

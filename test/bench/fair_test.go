@@ -546,7 +546,6 @@ func (tr *tracker) measure(ctx context.Context, b *testing.B, p *schedProc, phas
 	for {
 		c := tr.count(phase)
 		if c >= want {
-			samples = append(samples, c)
 			break
 		}
 		if c != last {
@@ -569,22 +568,30 @@ func (tr *tracker) measure(ctx context.Context, b *testing.B, p *schedProc, phas
 	tr.mu.Lock()
 	first, lastBind, got := tr.first[phase], tr.last[phase], tr.bound[phase]
 	tr.mu.Unlock()
-	// Whole seconds from the first with a binding to the one with the last (the last,
-	// partial one and a stall's empty ones are left out).
-	tr.perSecond = nil
-	for i := 1; i < len(samples); i++ {
-		if samples[i-1] == 0 && samples[i] == 0 || samples[i-1] == got {
-			continue
-		}
-		if samples[i] == got && i == len(samples)-1 {
-			break
-		}
-		tr.perSecond = append(tr.perSecond, float64(samples[i]-samples[i-1]))
-	}
+	tr.perSecond = wholeSeconds(samples, got)
 	if got == 0 {
 		return 0, 0, want
 	}
 	return first.Sub(p.start), lastBind.Sub(first), want - got
+}
+
+// wholeSeconds are the pods bound in each whole second between ticks (counts sampled
+// every second from the process start), from the second of the first binding to the
+// second of the last: seconds before the first binding, the partial second in which
+// the last pod was bound before the run ended, and a stall's empty seconds after the
+// last binding are left out.
+func wholeSeconds(ticks []int, got int) []float64 {
+	var out []float64
+	for i := 1; i < len(ticks); i++ {
+		if ticks[i] == 0 {
+			continue
+		}
+		if ticks[i-1] >= got {
+			break
+		}
+		out = append(out, float64(ticks[i]-ticks[i-1]))
+	}
+	return out
 }
 
 // churn warms the running scheduler with one pod, then for -fair-churn ends the oldest
