@@ -83,8 +83,12 @@ func BenchmarkFair(b *testing.B) {
 			rows = append(rows, fairScenario(b, env, sc))
 		})
 	}
-	b.Logf("BenchmarkFair, %d nodes × 8 GPUs, %d runs each, load average now %s:\n%s", *fairNodes, *fairRuns, loadAverage(), strings.Join(rows, "\n"))
+	fairLog("BenchmarkFair, %d nodes × 8 GPUs, %d runs each, load average now %s:\n%s", *fairNodes, *fairRuns, loadAverage(), strings.Join(rows, "\n"))
 }
+
+// fairLog prints at once to stdout: the testing package keeps only the first 10 lines of
+// a benchmark's b.Logf output, and prints them only when the benchmark ends.
+func fairLog(format string, args ...any) { fmt.Printf(format+"\n", args...) }
 
 type fairEnv struct{ binDir, tesseraBin string }
 
@@ -98,22 +102,22 @@ func fairScenario(b *testing.B, env *fairEnv, sc scenario) string {
 		}
 		for _, which := range order {
 			res := fairRun(b, env, sc, which, r)
-			b.Logf("run %d %s: %s", r, which, res.describe(sc))
+			fairLog("run %d %s: %s", r, which, res.describe(sc))
 			results[which] = append(results[which], res)
 		}
 	}
 	t, s := summarize(results["tessera"]), summarize(results["stock"])
-	b.Logf("%s — %s", sc.name, sc.what)
-	b.Logf("median of %d runs (min–max), %d nodes:", *fairRuns, *fairNodes)
-	b.Logf("  tessera:        %s", t.describe(sc))
-	b.Logf("  kube-scheduler: %s", s.describe(sc))
+	fairLog("%s — %s", sc.name, sc.what)
+	fairLog("median of %d runs (min–max), %d nodes:", *fairRuns, *fairNodes)
+	fairLog("  tessera:        %s", t.describe(sc))
+	fairLog("  kube-scheduler: %s", s.describe(sc))
 	name, tv, sv := t.headline(sc, s)
 	ratio := "n/a (kube-scheduler 0)"
 	if sv.median != 0 {
 		ratio = fmt.Sprintf("%.2f", tv.median/sv.median)
 		b.ReportMetric(tv.median/sv.median, "ratio")
 	}
-	b.Logf("  ratio tessera/kube-scheduler %s: %s", name, ratio)
+	fairLog("  ratio tessera/kube-scheduler %s: %s", name, ratio)
 	b.ReportMetric(tv.median, "tessera-"+name)
 	b.ReportMetric(sv.median, "stock-"+name)
 	return fmt.Sprintf("  %-12s %s: tessera %v, kube-scheduler %v, ratio %s; quality tessera [%s] kube-scheduler [%s]",
