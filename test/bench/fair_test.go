@@ -61,7 +61,7 @@ var (
 // Per run: pods/s, throughput sampled every second (average and percentiles as
 // scheduler_perf's SchedulingThroughput), the scheduler process's CPU-seconds and peak
 // RSS, the API requests per pod the API server served (all clients), client-side
-// throttling lines in the scheduler's log, and placement quality (quality.go): nodes
+// throttling lines in the scheduler's log, and placement quality (fair_quality_test.go): nodes
 // used, free GPUs on partly used nodes, the largest gang of 8-GPU pods that still fits,
 // and violations (partial gangs, topology, double allocations; each must be 0).
 // Run with -benchtime=1x (make bench-e2e).
