@@ -14,7 +14,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -26,37 +25,46 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/tessera-gpu/tessera/controlplane/api/v1alpha1"
 	"github.com/tessera-gpu/tessera/controlplane/client"
-	"github.com/tessera-gpu/tessera/controlplane/fixture"
 	"github.com/tessera-gpu/tessera/test/framework"
 )
 
 var (
-	fairRuns  = flag.Int("fair-runs", 3, "runs of each scheduler in BenchmarkFair (order alternated, a fresh control plane each)")
-	fairNodes = flag.Int("fair-nodes", 100, "nodes in BenchmarkFair (8 GPUs each, as many one-GPU pods as GPUs)")
-	fairQPS   = flag.Int("fair-qps", 5000, "client QPS of both schedulers in BenchmarkFair (burst twice that)")
-	fairScore = flag.Int("fair-stock-percentage", 0, "the kube-scheduler's percentageOfNodesToScore in BenchmarkFair; 0 is its default (all nodes up to 100, then 50% less 1% per 125 nodes, at least 100 nodes)")
+	fairRuns      = flag.Int("fair-runs", 3, "runs of each scheduler per scenario of BenchmarkFair (order alternated, a fresh control plane each)")
+	fairNodes     = flag.Int("fair-nodes", 100, "nodes in BenchmarkFair (8 GPUs each)")
+	fairQPS       = flag.Int("fair-qps", 5000, "client QPS of both schedulers in BenchmarkFair (burst twice that)")
+	fairScore     = flag.Int("fair-stock-percentage", 0, "the kube-scheduler's percentageOfNodesToScore in BenchmarkFair; 0 is its default (all nodes up to 100, then 50% less 1% per 125 nodes, at least 100 nodes)")
+	fairChurn     = flag.Duration("fair-churn", 5*time.Minute, "how long the churn scenario of BenchmarkFair runs")
+	fairChurnRate = flag.Float64("fair-churn-rate", 0, "pods per second that arrive (and as many end) in the churn scenario of BenchmarkFair; 0: nodes/5 (20/s at 100 nodes: the live pods turn over every 20 s)")
+	fairWindow    = flag.Duration("fair-unfit-window", 30*time.Second, "how long the unfit scenario of BenchmarkFair measures the cost of gangs that wait")
+	fairStall     = flag.Duration("fair-stall", time.Minute, "a run of BenchmarkFair ends when no pod has been bound for this long; the pods left are reported as pending")
 )
 
-// BenchmarkFair is one equal-semantics pair, measured fairly: tessera-scheduler placing
-// gangs of one (every pod without a PodGroup is one) against the stock kube-scheduler
-// v1.37.2 with DRA, both placing nodes × 8 one-GPU pods (each with its own ResourceClaim
-// of the gpu DeviceClass) on nodes × 8 whole GPUs, both packing (tessera's default; the
-// kube-scheduler's NodeResourcesFit with MostAllocated; percentageOfNodesToScore at its
-// default, or -fair-stock-percentage), both as separate processes with the same client QPS.
+// BenchmarkFair measures equal-semantics pairs and scheduler_perf's shapes fairly, each a
+// sub-benchmark (the scenarios of fair_scenarios_test.go; select with -bench
+// 'BenchmarkFair/<name>'): tessera-scheduler against the kube-scheduler v1.37.2, both as
+// separate processes with the same client QPS, placing the same pods (one ResourceClaim
+// of their own each; gangs as upstream scheduling.k8s.io/v1beta1 PodGroups both read) on
+// the same nodes × 8 GPUs, both packing (tessera's default; the kube-scheduler's
+// NodeResourcesFit with MostAllocated, percentageOfNodesToScore at its default or
+// -fair-stock-percentage).
 //
-// Each run gets a fresh control plane (etcd, kube-apiserver, kube-controller-manager), all
-// objects are created before the scheduler starts, and the order alternates (tessera first
-// in even runs, the stock scheduler first in odd ones). Cold start (process start to first
-// binding: informer sync included) is reported apart; the clock of the throughput runs
-// from the first binding to the last. Per run: pods/s, throughput sampled every second
-// (percentiles as scheduler_perf's SchedulingThroughput), the scheduler process's
-// CPU-seconds (from process start to the last binding) and peak RSS, the API requests per
-// pod the API server served during the run (all clients: the scheduler, the controller
-// manager and this benchmark's one watch), and the client-side throttling lines in the
-// scheduler's log. Run with -benchtime=1x (make bench-e2e).
+// Each run gets a fresh control plane (etcd, kube-apiserver, kube-controller-manager);
+// the order alternates (tessera first in even runs). A scenario's init pods are placed
+// by the same scheduler first (not measured, like scheduler_perf's initPods), then that
+// scheduler is stopped, the measured pods are created, and a fresh scheduler process is
+// started: cold start (process start to first binding: informer sync included) is
+// reported apart, the clock of the throughput runs from the first binding to the last.
+// Per run: pods/s, throughput sampled every second (average and percentiles as
+// scheduler_perf's SchedulingThroughput), the scheduler process's CPU-seconds and peak
+// RSS, the API requests per pod the API server served (all clients), client-side
+// throttling lines in the scheduler's log, and placement quality (fair_quality_test.go): nodes
+// used, free GPUs on partly used nodes, the largest gang of 8-GPU pods that still fits,
+// and violations (partial gangs, topology, double allocations; each must be 0).
+// Run with -benchtime=1x (make bench-e2e).
 func BenchmarkFair(b *testing.B) {
 	if b.N > 1 {
 		b.Skip("one run is the measurement; use -benchtime=1x")
@@ -65,7 +73,27 @@ func BenchmarkFair(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	tesseraBin := buildTesseraScheduler(b)
+	env := &fairEnv{binDir: binDir, tesseraBin: buildTesseraScheduler(b)}
+	var rows []string
+	for _, sc := range scenarios {
+		b.Run(sc.name, func(b *testing.B) {
+			if b.N > 1 {
+				b.Skip("one run is the measurement; use -benchtime=1x")
+			}
+			rows = append(rows, fairScenario(b, env, sc))
+		})
+	}
+	fairLog("BenchmarkFair, %d nodes × 8 GPUs, %d runs each, load average now %s:\n%s", *fairNodes, *fairRuns, loadAverage(), strings.Join(rows, "\n"))
+}
+
+// fairLog prints at once to stdout: the testing package keeps only the first 10 lines of
+// a benchmark's b.Logf output, and prints them only when the benchmark ends.
+func fairLog(format string, args ...any) { fmt.Printf(format+"\n", args...) }
+
+type fairEnv struct{ binDir, tesseraBin string }
+
+// fairScenario runs the scenario -fair-runs times per scheduler and returns its row.
+func fairScenario(b *testing.B, env *fairEnv, sc scenario) string {
 	results := map[string][]fairResult{}
 	for r := 0; r < *fairRuns; r++ {
 		order := []string{"tessera", "stock"}
@@ -73,40 +101,69 @@ func BenchmarkFair(b *testing.B) {
 			order = []string{"stock", "tessera"}
 		}
 		for _, which := range order {
-			res := fairRun(b, which, r, binDir, tesseraBin)
-			b.Logf("run %d %s: %s", r, which, res)
+			res := fairRun(b, env, sc, which, r)
+			fairLog("run %d %s: %s", r, which, res.describe(sc))
 			results[which] = append(results[which], res)
 		}
 	}
 	t, s := summarize(results["tessera"]), summarize(results["stock"])
-	b.Logf("median of %d runs (min–max), %d nodes, %d pods, load average %s", *fairRuns, *fairNodes, *fairNodes*8, loadAverage())
-	b.Logf("  tessera (gangs of 1): %s", t)
-	b.Logf("  stock kube-scheduler: %s", s)
-	b.Logf("  ratio tessera/stock pods/s: %.2f", t.podsPerSec.median/s.podsPerSec.median)
-	b.ReportMetric(t.podsPerSec.median, "tessera-pods/s")
-	b.ReportMetric(s.podsPerSec.median, "stock-pods/s")
-	b.ReportMetric(t.podsPerSec.median/s.podsPerSec.median, "ratio")
+	fairLog("%s — %s", sc.name, sc.what)
+	fairLog("median of %d runs (min–max), %d nodes:", *fairRuns, *fairNodes)
+	fairLog("  tessera:        %s", t.describe(sc))
+	fairLog("  kube-scheduler: %s", s.describe(sc))
+	name, tv, sv := t.headline(sc, s)
+	ratio := "n/a (kube-scheduler 0)"
+	if sv.median != 0 {
+		ratio = fmt.Sprintf("%.2f", tv.median/sv.median)
+		b.ReportMetric(tv.median/sv.median, "ratio")
+	}
+	fairLog("  ratio tessera/kube-scheduler %s: %s", name, ratio)
+	b.ReportMetric(tv.median, "tessera-"+name)
+	b.ReportMetric(sv.median, "stock-"+name)
+	return fmt.Sprintf("  %-12s %s: tessera %v, kube-scheduler %v, ratio %s; quality tessera [%s] kube-scheduler [%s]",
+		sc.name, name, tv, sv, ratio, t.quality, s.quality)
 }
 
 type fairResult struct {
-	pods          int
+	pods, pending int
 	cold          time.Duration // process start to first binding
 	bind          time.Duration // first binding to last
 	perSecond     []float64     // pods bound in each whole second of the bind phase
-	cpu           float64       // CPU-seconds of the scheduler process up to the last binding
+	cpu           float64       // CPU-seconds of the measured scheduler process
 	peakRSS       float64       // MiB
 	reads, writes float64       // API requests (not watches) per pod, all clients
 	throttled     int           // client-side throttling lines in the scheduler's log
-	load          string        // load average when the scheduler started
+	load          string        // load average when the measured scheduler started
+	quality       quality
+
+	// churn
+	latency  []float64 // ms from creation to bound, per churn pod
+	achieved float64   // pods per second that arrived
+	// unfit
+	idleCPU, idleWrites float64 // CPU ms and API writes per second while the gangs wait
 }
 
-func (r fairResult) podsPerSec() float64 { return float64(r.pods) / r.bind.Seconds() }
+func (r fairResult) podsPerSec() float64 {
+	if r.bind <= 0 {
+		return 0
+	}
+	return float64(r.pods-r.pending) / r.bind.Seconds()
+}
 
-func (r fairResult) String() string {
-	return fmt.Sprintf("cold %v, %d pods in %v (%.0f pods/s; per second p50 %.0f p90 %.0f p99 %.0f), %.1f CPU-s (%.2f ms/pod), peak RSS %.0f MiB, %.2f reads + %.2f writes per pod, %d throttling lines, load average %s",
-		r.cold.Round(time.Millisecond), r.pods, r.bind.Round(time.Millisecond), r.podsPerSec(),
-		percentile(r.perSecond, 0.5), percentile(r.perSecond, 0.9), percentile(r.perSecond, 0.99),
-		r.cpu, 1000*r.cpu/float64(r.pods), r.peakRSS, r.reads, r.writes, r.throttled, r.load)
+func (r fairResult) describe(sc scenario) string {
+	common := fmt.Sprintf("%.1f CPU-s, peak RSS %.0f MiB, %.2f reads + %.2f writes per pod, %d throttling lines, load average %s; %s",
+		r.cpu, r.peakRSS, r.reads, r.writes, r.throttled, r.load, r.quality)
+	switch {
+	case sc.unfit:
+		return fmt.Sprintf("%d pods of unfit gangs waiting (%d bound): %.1f CPU ms/s, %.2f API writes/s; %s", r.pods, r.pods-r.pending, r.idleCPU, r.idleWrites, common)
+	case sc.churn:
+		return fmt.Sprintf("cold %v, %d churn pods at %.1f/s: creation→bound p50 %.0f ms p99 %.0f ms, %d pending; %s",
+			r.cold.Round(time.Millisecond), r.pods, r.achieved, percentile(r.latency, 0.5), percentile(r.latency, 0.99), r.pending, common)
+	}
+	return fmt.Sprintf("cold %v, %d pods (%d pending) in %v (%.0f pods/s; per second avg %.0f p50 %.0f p90 %.0f p99 %.0f), %.2f CPU ms/pod; %s",
+		r.cold.Round(time.Millisecond), r.pods, r.pending, r.bind.Round(time.Millisecond), r.podsPerSec(),
+		mean(r.perSecond), percentile(r.perSecond, 0.5), percentile(r.perSecond, 0.9), percentile(r.perSecond, 0.99),
+		1000*r.cpu/float64(max(r.pods, 1)), common)
 }
 
 // spread is a median with the range of the runs.
@@ -128,13 +185,32 @@ func spreadOf(v []float64) spread {
 }
 
 type fairSummary struct {
-	podsPerSec, p50, cold, cpuMsPerPod, rss, reads, writes spread
-	throttled                                              int
+	podsPerSec, avg, p50, p90, p99, cold, cpuMsPerPod, rss, reads, writes, pending spread
+	latP50, latP99, achieved, idleCPU, idleWrites                                  spread
+	throttled                                                                      int
+	quality                                                                        string // of the median run by pods/s (the first run's otherwise)
 }
 
-func (s fairSummary) String() string {
-	return fmt.Sprintf("pods/s %v, per-second p50 %v, cold start s %v, CPU ms/pod %v, peak RSS MiB %v, reads/pod %v, writes/pod %v, throttling lines %d",
-		s.podsPerSec, s.p50, s.cold, s.cpuMsPerPod, s.rss, s.reads, s.writes, s.throttled)
+func (s fairSummary) describe(sc scenario) string {
+	common := fmt.Sprintf("CPU ms/pod %v, peak RSS MiB %v, reads/pod %v, writes/pod %v, throttling lines %d", s.cpuMsPerPod, s.rss, s.reads, s.writes, s.throttled)
+	switch {
+	case sc.unfit:
+		return fmt.Sprintf("CPU ms/s %v, API writes/s %v, pods left waiting %v (all must be); %s", s.idleCPU, s.idleWrites, s.pending, common)
+	case sc.churn:
+		return fmt.Sprintf("creation→bound p50 ms %v, p99 ms %v, arrivals/s %v, pending %v, cold start s %v; %s", s.latP50, s.latP99, s.achieved, s.pending, s.cold, common)
+	}
+	return fmt.Sprintf("pods/s %v, per second avg %v p50 %v p90 %v p99 %v, pending %v, cold start s %v; %s", s.podsPerSec, s.avg, s.p50, s.p90, s.p99, s.pending, s.cold, common)
+}
+
+// headline is the row's metric for the ratio.
+func (s fairSummary) headline(sc scenario, stock fairSummary) (string, spread, spread) {
+	switch {
+	case sc.unfit:
+		return "CPU-ms/s-waiting", s.idleCPU, stock.idleCPU
+	case sc.churn:
+		return "p99-ms-creation-to-bound", s.latP99, stock.latP99
+	}
+	return "pods/s", s.podsPerSec, stock.podsPerSec
 }
 
 func summarize(rs []fairResult) fairSummary {
@@ -147,16 +223,464 @@ func summarize(rs []fairResult) fairSummary {
 		return spreadOf(v)
 	}
 	s.podsPerSec = col(fairResult.podsPerSec)
+	s.avg = col(func(r fairResult) float64 { return mean(r.perSecond) })
 	s.p50 = col(func(r fairResult) float64 { return percentile(r.perSecond, 0.5) })
+	s.p90 = col(func(r fairResult) float64 { return percentile(r.perSecond, 0.9) })
+	s.p99 = col(func(r fairResult) float64 { return percentile(r.perSecond, 0.99) })
 	s.cold = col(func(r fairResult) float64 { return r.cold.Seconds() })
-	s.cpuMsPerPod = col(func(r fairResult) float64 { return 1000 * r.cpu / float64(r.pods) })
+	s.cpuMsPerPod = col(func(r fairResult) float64 { return 1000 * r.cpu / float64(max(r.pods, 1)) })
 	s.rss = col(func(r fairResult) float64 { return r.peakRSS })
 	s.reads = col(func(r fairResult) float64 { return r.reads })
 	s.writes = col(func(r fairResult) float64 { return r.writes })
+	s.pending = col(func(r fairResult) float64 { return float64(r.pending) })
+	s.latP50 = col(func(r fairResult) float64 { return percentile(r.latency, 0.5) })
+	s.latP99 = col(func(r fairResult) float64 { return percentile(r.latency, 0.99) })
+	s.achieved = col(func(r fairResult) float64 { return r.achieved })
+	s.idleCPU = col(func(r fairResult) float64 { return r.idleCPU })
+	s.idleWrites = col(func(r fairResult) float64 { return r.idleWrites })
 	for _, r := range rs {
 		s.throttled += r.throttled
 	}
+	if len(rs) > 0 {
+		med := rs[0]
+		for _, r := range rs {
+			if r.podsPerSec() == s.podsPerSec.median {
+				med = r
+			}
+		}
+		s.quality = med.quality.String()
+	}
 	return s
+}
+
+func mean(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	sum := 0.0
+	for _, x := range v {
+		sum += x
+	}
+	return sum / float64(len(v))
+}
+
+func podsOf(spec []gangSpec) int {
+	n := 0
+	for _, g := range spec {
+		n += g.pods
+	}
+	return n
+}
+
+// fairRun is one scheduler's run of the scenario on a control plane of its own.
+func fairRun(b *testing.B, env *fairEnv, sc scenario, which string, run int) fairResult {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(klog.NewContext(context.Background(), klog.Background()), 60*time.Minute)
+	defer cancel()
+	// Every control plane serves the upstream PodGroups and has the gates on, whichever
+	// scheduler runs; the kube-scheduler's own gates are the scenario's.
+	gates := map[string]bool{gateGenericWorkload: true, gateTopologyWorkload: true}
+	for k, v := range framework.FeatureGates {
+		gates[k] = v
+	}
+	cp, err := framework.Start(ctx, framework.Options{FeatureGates: gates, RuntimeConfig: framework.RuntimeConfig + ",scheduling.k8s.io/v1beta1=true"})
+	if err != nil {
+		b.Fatalf("start control plane: %v", err)
+	}
+	defer cp.Stop()
+	cfg := rest.CopyConfig(cp.Config)
+	cfg.QPS, cfg.Burst = 2000, 4000
+	kube := kubernetes.NewForConfigOrDie(cfg)
+	tc, err := client.NewForConfig(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	installCRDs(ctx, b, cfg, kube, tc)
+	nodes := *fairNodes
+	parallel(b, nodes, func(i int) error { return createFairNode(ctx, kube, i, sc) })
+	ns := cp.CreateNamespace(b)
+	if _, err := tc.Queues().Create(ctx, &v1alpha1.Queue{ObjectMeta: metav1.ObjectMeta{Name: fairQueue}}); err != nil {
+		b.Fatal(err)
+	}
+	tr := newTracker(b, kube, ns)
+	defer tr.stop()
+	dir := b.TempDir()
+	label := fmt.Sprintf("run %d %s %s", run, sc.name, which)
+
+	if sc.init != nil {
+		init := sc.init(nodes)
+		createGangs(ctx, b, kube, ns, which, "init", "i", init)
+		p := startScheduler(b, env, sc, which, cp.KubeconfigPath, filepath.Join(dir, which+"-init.log"))
+		if _, _, pending := tr.measure(ctx, b, p, "init", len(init), label+" (init)"); pending > 0 {
+			p.stop()
+			b.Fatalf("%s: %d of %d init pods not bound (log %s)", label, pending, len(init), p.log)
+		}
+		p.stop()
+	}
+	var batch []gangSpec
+	if sc.batch != nil {
+		batch = sc.batch(nodes)
+		createGangs(ctx, b, kube, ns, which, "batch", "b", batch)
+	}
+	res := fairResult{load: loadAverage(), pods: podsOf(batch)}
+	reads0, writes0 := apiRequests(ctx, b, kube)
+	p := startScheduler(b, env, sc, which, cp.KubeconfigPath, filepath.Join(dir, which+".log"))
+	defer p.stop()
+
+	switch {
+	case sc.unfit:
+		// Let the scheduler start and try, then measure a window of waiting.
+		sleepCtx(ctx, max(*fairWindow/3, 5*time.Second))
+		cpu0, _ := processUsage(b, p.pid())
+		_, w0 := apiRequests(ctx, b, kube)
+		t0 := time.Now()
+		sleepCtx(ctx, *fairWindow)
+		cpu1, _ := processUsage(b, p.pid())
+		_, w1 := apiRequests(ctx, b, kube)
+		el := time.Since(t0).Seconds()
+		res.idleCPU, res.idleWrites = 1000*(cpu1-cpu0)/el, (w1-w0)/el
+		res.pending = res.pods - tr.count("batch")
+	case sc.churn:
+		tr.churn(ctx, b, kube, ns, which, p, label, &res)
+	default:
+		res.cold, res.bind, res.pending = tr.measure(ctx, b, p, "batch", res.pods, label)
+		res.perSecond = tr.perSecond
+	}
+	p.exitedCheck(b, label)
+	cpu, rss := processUsage(b, p.pid())
+	reads1, writes1 := apiRequests(ctx, b, kube)
+	p.stop()
+	res.cpu, res.peakRSS = cpu, rss
+	res.reads, res.writes = (reads1-reads0)/float64(max(res.pods, 1)), (writes1-writes0)/float64(max(res.pods, 1))
+	res.throttled = countLines(b, p.log, "client-side throttling")
+	rack := ""
+	if sc.rackSize > 0 {
+		rack = rackLabel
+	}
+	res.quality = measureQuality(ctx, b, kube, ns, nodes, rack)
+	if q := res.quality; q.doubleAllocations > 0 || q.partialGangs > 0 || q.topologyViolations > 0 {
+		b.Errorf("%s: placement violates the semantics: %s", label, q)
+	}
+	if sc.unfit && res.pending != res.pods {
+		b.Errorf("%s: %d pods of gangs that cannot fit were bound", label, res.pods-res.pending)
+	}
+	return res
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
+
+// schedProc is a running scheduler process.
+type schedProc struct {
+	cmd     *exec.Cmd
+	start   time.Time
+	log     string
+	logFile *os.File
+	done    chan struct{}
+	once    sync.Once
+}
+
+func (p *schedProc) pid() int { return p.cmd.Process.Pid }
+
+func (p *schedProc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (p *schedProc) exitedCheck(b *testing.B, label string) {
+	if p.exited() {
+		b.Fatalf("%s: the scheduler exited (log %s)", label, p.log)
+	}
+}
+
+// stop ends the process (SIGTERM, then SIGKILL after 10 s) and waits for it.
+func (p *schedProc) stop() {
+	p.once.Do(func() {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(10 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+		_ = p.logFile.Close()
+	})
+}
+
+// startScheduler starts tessera-scheduler or the kube-scheduler (which "stock") against the
+// control plane, logging to logPath.
+func startScheduler(b *testing.B, env *fairEnv, sc scenario, which, kubeconfig, logPath string) *schedProc {
+	b.Helper()
+	var cmd *exec.Cmd
+	if which == "tessera" {
+		cmd = exec.Command(env.tesseraBin, "--kubeconfig="+kubeconfig, "--leader-elect=false", "--secure-port=0",
+			"--catalog=false", "--workload-definitions=false",
+			fmt.Sprintf("--kube-api-qps=%d", *fairQPS), fmt.Sprintf("--kube-api-burst=%d", 2**fairQPS), "--v=1")
+	} else {
+		percentage := ""
+		if *fairScore > 0 {
+			percentage = fmt.Sprintf("percentageOfNodesToScore: %d", *fairScore)
+		}
+		config := fmt.Sprintf(`apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection:
+  kubeconfig: %s
+  qps: %d
+  burst: %d
+leaderElection:
+  leaderElect: false
+%s
+profiles:
+- schedulerName: default-scheduler
+  pluginConfig:
+  - name: NodeResourcesFit
+    args:
+      scoringStrategy:
+        type: MostAllocated
+`, kubeconfig, *fairQPS, 2**fairQPS, percentage)
+		cfgPath := logPath + ".config.yaml"
+		if err := os.WriteFile(cfgPath, []byte(config), 0o600); err != nil {
+			b.Fatal(err)
+		}
+		args := []string{"--config=" + cfgPath,
+			"--authentication-kubeconfig=" + kubeconfig, "--authorization-kubeconfig=" + kubeconfig,
+			"--bind-address=127.0.0.1", "--secure-port=0", "--v=1"}
+		if len(sc.stockGates) > 0 {
+			var g []string
+			for _, name := range sc.stockGates {
+				g = append(g, name+"=true")
+			}
+			args = append(args, "--feature-gates="+strings.Join(g, ","))
+		}
+		cmd = exec.Command(filepath.Join(env.binDir, "kube-scheduler"), args...)
+	}
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	p := &schedProc{cmd: cmd, log: logPath, logFile: logFile, done: make(chan struct{}), start: time.Now()}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	go func() { _ = cmd.Wait(); close(p.done) }()
+	return p
+}
+
+// tracker sees pods bound, from a watch of the namespace.
+type tracker struct {
+	mu          sync.Mutex
+	seen        map[string]bool
+	bound       map[string]int       // phase → pods seen bound
+	first, last map[string]time.Time // phase → first and last binding seen
+	order       []string             // init and churn pods in the order they were bound: churn ends the oldest first
+	next        int                  // order[next] is the oldest pod not yet ended
+	created     map[string]time.Time // churn pods: when the benchmark asked for them
+	latency     []float64            // ms, churn pods
+	perSecond   []float64            // of the last measure
+	inf         informers.SharedInformerFactory
+	stopCh      chan struct{}
+}
+
+func newTracker(b *testing.B, kube kubernetes.Interface, ns string) *tracker {
+	b.Helper()
+	tr := &tracker{seen: map[string]bool{}, bound: map[string]int{}, first: map[string]time.Time{}, last: map[string]time.Time{},
+		created: map[string]time.Time{}, stopCh: make(chan struct{})}
+	tr.inf = informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithNamespace(ns))
+	podInf := tr.inf.Core().V1().Pods().Informer()
+	if _, err := podInf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: tr.onPod, UpdateFunc: func(_, o any) { tr.onPod(o) }}); err != nil {
+		b.Fatal(err)
+	}
+	tr.inf.Start(tr.stopCh)
+	tr.inf.WaitForCacheSync(tr.stopCh)
+	return tr
+}
+
+func (tr *tracker) stop() { close(tr.stopCh); tr.inf.Shutdown() }
+
+func (tr *tracker) onPod(obj any) {
+	p, ok := obj.(*v1.Pod)
+	if !ok || p.Spec.NodeName == "" {
+		return
+	}
+	now := time.Now()
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	if tr.seen[p.Name] {
+		return
+	}
+	tr.seen[p.Name] = true
+	ph := p.Labels[phaseLabel]
+	tr.bound[ph]++
+	if _, ok := tr.first[ph]; !ok {
+		tr.first[ph] = now
+	}
+	tr.last[ph] = now
+	if ph == "init" || ph == "churn" {
+		tr.order = append(tr.order, p.Name)
+	}
+	if t, ok := tr.created[p.Name]; ok {
+		tr.latency = append(tr.latency, float64(now.Sub(t))/float64(time.Millisecond))
+	}
+}
+
+func (tr *tracker) count(phase string) int {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return tr.bound[phase]
+}
+
+// measure waits until want pods of the phase are bound, or none has been for -fair-stall,
+// sampling the count every second. It returns the time from the process start to the
+// first binding, from the first binding to the last, and how many pods are left.
+func (tr *tracker) measure(ctx context.Context, b *testing.B, p *schedProc, phase string, want int, label string) (cold, bind time.Duration, pending int) {
+	b.Helper()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	var samples []int
+	last, progress := 0, time.Now()
+	for {
+		c := tr.count(phase)
+		if c >= want {
+			break
+		}
+		if c != last {
+			last, progress = c, time.Now()
+		}
+		if c > 0 && time.Since(progress) > *fairStall {
+			break
+		}
+		if c == 0 && time.Since(p.start) > 10*time.Minute {
+			b.Fatalf("%s: no pod bound 10 minutes after the scheduler started (log %s)", label, p.log)
+		}
+		p.exitedCheck(b, label)
+		select {
+		case <-tick.C:
+			samples = append(samples, c)
+		case <-ctx.Done():
+			b.Fatalf("%s: %v", label, ctx.Err())
+		}
+	}
+	tr.mu.Lock()
+	first, lastBind, got := tr.first[phase], tr.last[phase], tr.bound[phase]
+	tr.mu.Unlock()
+	tr.perSecond = wholeSeconds(samples, got)
+	if got == 0 {
+		return 0, 0, want
+	}
+	return first.Sub(p.start), lastBind.Sub(first), want - got
+}
+
+// wholeSeconds are the pods bound in each whole second between ticks (counts sampled
+// every second from the process start), from the second of the first binding to the
+// second of the last: seconds before the first binding, the partial second in which
+// the last pod was bound before the run ended, and a stall's empty seconds after the
+// last binding are left out.
+func wholeSeconds(ticks []int, got int) []float64 {
+	var out []float64
+	for i := 1; i < len(ticks); i++ {
+		if ticks[i] == 0 {
+			continue
+		}
+		if ticks[i-1] >= got {
+			break
+		}
+		out = append(out, float64(ticks[i]-ticks[i-1]))
+	}
+	return out
+}
+
+// churn warms the running scheduler with one pod, then for -fair-churn ends the oldest
+// bound pod (deleted at once, with its claim: the claim controller deallocates it) and
+// creates a new one, -fair-churn-rate times a second, and waits for the last ones.
+func (tr *tracker) churn(ctx context.Context, b *testing.B, kube kubernetes.Interface, ns, which string, p *schedProc, label string, res *fairResult) {
+	b.Helper()
+	if err := createFairPod(ctx, kube, ns, which, "warm", "w0", "w0", gangSpec{pods: 1, gpus: 1}); err != nil {
+		b.Fatal(err)
+	}
+	if cold, _, pending := tr.measure(ctx, b, p, "warm", 1, label+" (warm-up)"); pending > 0 {
+		b.Fatalf("%s: warm-up pod not bound", label)
+	} else {
+		res.cold = cold
+	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 32)
+	var errMu sync.Mutex
+	var firstErr error
+	do := func(f func() error) {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			if err := f(); err != nil {
+				errMu.Lock()
+				if firstErr == nil {
+					firstErr = err
+				}
+				errMu.Unlock()
+			}
+		}()
+	}
+	rate := *fairChurnRate
+	if rate <= 0 {
+		rate = float64(*fairNodes) / 5
+	}
+	tick := time.NewTicker(100 * time.Millisecond)
+	start := time.Now()
+	// Each arrival owes one ending; an ending waits for a bound pod to end, so the
+	// population stays where the init phase left it (50% of G) whatever the latency.
+	acc, n, owed := 0.0, 0, 0
+	for time.Since(start) < *fairChurn {
+		<-tick.C
+		for acc += rate / 10; acc >= 1; acc-- {
+			name := fmt.Sprintf("c%06d", n)
+			n++
+			owed++
+			do(func() error {
+				tr.mu.Lock()
+				tr.created[name] = time.Now()
+				tr.mu.Unlock()
+				return createFairPod(ctx, kube, ns, which, "churn", name, name, gangSpec{pods: 1, gpus: 1})
+			})
+		}
+		for ; owed > 0; owed-- {
+			tr.mu.Lock()
+			victim := ""
+			if tr.next < len(tr.order) {
+				victim = tr.order[tr.next]
+				tr.next++
+			}
+			tr.mu.Unlock()
+			if victim == "" {
+				break
+			}
+			do(func() error {
+				if err := kube.CoreV1().Pods(ns).Delete(ctx, victim, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+					return err
+				}
+				return kube.ResourceV1().ResourceClaims(ns).Delete(ctx, victim, metav1.DeleteOptions{})
+			})
+		}
+	}
+	tick.Stop()
+	wg.Wait()
+	if firstErr != nil {
+		b.Fatalf("%s: churn: %v", label, firstErr)
+	}
+	res.pods = n
+	res.achieved = float64(n) / time.Since(start).Seconds()
+	_, _, res.pending = tr.measure(ctx, b, p, "churn", n, label+" (churn)")
+	tr.mu.Lock()
+	res.latency = append([]float64(nil), tr.latency...)
+	tr.mu.Unlock()
 }
 
 // percentile of the samples, nearest rank; 0 when there are none.
@@ -183,179 +707,6 @@ func buildTesseraScheduler(b *testing.B) string {
 		b.Fatalf("build tessera-scheduler: %v\n%s", err, msg)
 	}
 	return out
-}
-
-// fairRun is one scheduler's run on a control plane of its own.
-func fairRun(b *testing.B, which string, run int, binDir, tesseraBin string) fairResult {
-	b.Helper()
-	ctx, cancel := context.WithTimeout(klog.NewContext(context.Background(), klog.Background()), 30*time.Minute)
-	defer cancel()
-	cp, err := framework.Start(ctx, framework.Options{})
-	if err != nil {
-		b.Fatalf("start control plane: %v", err)
-	}
-	defer cp.Stop()
-	cfg := rest.CopyConfig(cp.Config)
-	cfg.QPS, cfg.Burst = 2000, 4000
-	kube := kubernetes.NewForConfigOrDie(cfg)
-	sc, err := client.NewForConfig(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	installCRDs(ctx, b, cfg, kube, sc)
-	nodes, pods := *fairNodes, *fairNodes*8
-	parallel(b, nodes, func(i int) error { return createNode(ctx, kube, i, nodes) })
-	ns := cp.CreateNamespace(b)
-	queue := "bench"
-	if _, err := sc.Queues().Create(ctx, &v1alpha1.Queue{ObjectMeta: metav1.ObjectMeta{Name: queue}}); err != nil {
-		b.Fatal(err)
-	}
-	parallel(b, pods, func(i int) error { return createPodOn(ctx, kube, ns, i, which, queue) })
-	load := loadAverage()
-
-	// Count bindings from a watch, sampled every second.
-	var bound atomic.Int64
-	var firstBind, lastBind atomic.Int64
-	inf := informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithNamespace(ns))
-	podInf := inf.Core().V1().Pods().Informer()
-	seen := sync.Map{}
-	onPod := func(obj any) {
-		p, ok := obj.(*v1.Pod)
-		if !ok || p.Spec.NodeName == "" {
-			return
-		}
-		if _, dup := seen.LoadOrStore(p.UID, true); dup {
-			return
-		}
-		now := time.Now().UnixNano()
-		firstBind.CompareAndSwap(0, now)
-		lastBind.Store(now)
-		bound.Add(1)
-	}
-	if _, err := podInf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: onPod, UpdateFunc: func(_, o any) { onPod(o) }}); err != nil {
-		b.Fatal(err)
-	}
-	stopInf := make(chan struct{})
-	defer func() { close(stopInf); inf.Shutdown() }()
-	inf.Start(stopInf)
-	inf.WaitForCacheSync(stopInf)
-
-	reads0, writes0 := apiRequests(ctx, b, kube)
-	dir := b.TempDir()
-	logPath := filepath.Join(dir, which+".log")
-	logFile, err := os.Create(logPath)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer logFile.Close()
-	var cmd *exec.Cmd
-	if which == "tessera" {
-		cmd = exec.Command(tesseraBin, "--kubeconfig="+cp.KubeconfigPath, "--leader-elect=false", "--secure-port=0",
-			"--catalog=false", "--workload-definitions=false",
-			fmt.Sprintf("--kube-api-qps=%d", *fairQPS), fmt.Sprintf("--kube-api-burst=%d", 2**fairQPS), "--v=1")
-	} else {
-		cfgPath := filepath.Join(dir, "config.yaml")
-		percentage := ""
-		if *fairScore > 0 {
-			percentage = fmt.Sprintf("percentageOfNodesToScore: %d", *fairScore)
-		}
-		config := fmt.Sprintf(`apiVersion: kubescheduler.config.k8s.io/v1
-kind: KubeSchedulerConfiguration
-clientConnection:
-  kubeconfig: %s
-  qps: %d
-  burst: %d
-leaderElection:
-  leaderElect: false
-%s
-profiles:
-- schedulerName: default-scheduler
-  pluginConfig:
-  - name: NodeResourcesFit
-    args:
-      scoringStrategy:
-        type: MostAllocated
-`, cp.KubeconfigPath, *fairQPS, 2**fairQPS, percentage)
-		if err := os.WriteFile(cfgPath, []byte(config), 0o600); err != nil {
-			b.Fatal(err)
-		}
-		cmd = exec.Command(filepath.Join(binDir, "kube-scheduler"), "--config="+cfgPath,
-			"--authentication-kubeconfig="+cp.KubeconfigPath, "--authorization-kubeconfig="+cp.KubeconfigPath,
-			"--bind-address=127.0.0.1", "--secure-port=0", "--v=1")
-	}
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	start := time.Now()
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	stopped := false
-	stop := func() {
-		if !stopped {
-			stopped = true
-			_ = cmd.Process.Signal(syscall.SIGTERM)
-			done := make(chan struct{})
-			go func() { _ = cmd.Wait(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(10 * time.Second):
-				_ = cmd.Process.Kill()
-				<-done
-			}
-		}
-	}
-	defer stop()
-
-	var samples []int64
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	deadline := time.After(20 * time.Minute)
-	for bound.Load() < int64(pods) {
-		select {
-		case <-tick.C:
-			samples = append(samples, bound.Load())
-		case <-deadline:
-			b.Fatalf("run %d %s: %d of %d pods bound after 20 minutes (log %s)", run, which, bound.Load(), pods, logPath)
-		}
-		if cmd.ProcessState != nil {
-			b.Fatalf("run %d %s: scheduler exited", run, which)
-		}
-	}
-	cpu, rss := processUsage(b, cmd.Process.Pid)
-	reads1, writes1 := apiRequests(ctx, b, kube)
-	stop()
-	checkAllocated(ctx, b, kube, ns, pods)
-
-	res := fairResult{
-		pods: pods, cold: time.Unix(0, firstBind.Load()).Sub(start), bind: time.Duration(lastBind.Load() - firstBind.Load()),
-		load: load, cpu: cpu, peakRSS: rss, reads: (reads1 - reads0) / float64(pods), writes: (writes1 - writes0) / float64(pods),
-	}
-	// Whole seconds from the first with a binding (the last, partial one is left out).
-	for i := 1; i < len(samples); i++ {
-		if d := samples[i] - samples[i-1]; d > 0 || (samples[i-1] > 0 && samples[i] < int64(pods)) {
-			res.perSecond = append(res.perSecond, float64(d))
-		}
-	}
-	res.throttled = countLines(b, logPath, "client-side throttling")
-	return res
-}
-
-// createPodOn makes pod i with a one-GPU claim of its own for the scheduler which ("stock":
-// the default scheduler, else tessera-scheduler) in tessera's queue (a label the stock
-// scheduler ignores); no node selector (one scheduler per cluster).
-func createPodOn(ctx context.Context, kube kubernetes.Interface, ns string, i int, which, queue string) error {
-	c := fixture.GPUClaim(ns, fmt.Sprintf("p%05d", i), 1)
-	c.UID = ""
-	if _, err := kube.ResourceV1().ResourceClaims(ns).Create(ctx, c, metav1.CreateOptions{}); err != nil {
-		return err
-	}
-	p := fixture.Pod(ns, c.Name, c.Name)
-	p.UID = ""
-	p.Labels = map[string]string{v1alpha1.QueueLabel: queue}
-	if which == "stock" {
-		p.Spec.SchedulerName = v1.DefaultSchedulerName
-	}
-	_, err := kube.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{})
-	return err
 }
 
 // apiRequests returns the requests the API server has served (apiserver_request_total), reads
