@@ -24,7 +24,8 @@ type process struct {
 
 func startProcess(name, binary, logDir string, args ...string) (*process, error) {
 	logPath := filepath.Join(logDir, name+".log")
-	logFile, err := os.Create(logPath)
+	// Appended to: a restarted component (Restart) continues its log.
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("create log for %s: %w", name, err)
 	}
