@@ -63,7 +63,7 @@ func configFromEnv(t *testing.T) config {
 		// plus a Lease expiry (8 s) and a new leader's start on a loaded
 		// 2-core machine stay well inside a minute; 90 s leaves room.
 		period: 90 * time.Second, grace: 90 * time.Second, limitGrace: 60 * time.Second,
-		minGap: 5 * time.Second, maxGap: 20 * time.Second,
+		minGap: 3 * time.Second, maxGap: 12 * time.Second,
 		checkEvery: 3 * time.Second,
 	}
 }
@@ -161,6 +161,17 @@ func (e *env) drain(ctx context.Context, gen *loadGen, chk *checker) []string {
 			if ck != nil {
 				for uid, c := range ck.Data.Claims {
 					left = append(left, fmt.Sprintf("%s checkpoint: %s (%v)", n.name, uid, c))
+				}
+			}
+			if n.mode == modeMIG {
+				instances, err := migInstances(ctx, n)
+				if err != nil {
+					left = append(left, n.name+" MIG instances: "+err.Error())
+				}
+				for gpu, gis := range instances {
+					for _, gi := range gis {
+						left = append(left, fmt.Sprintf("%s GPU %d: MIG instance %s", n.name, gpu, gi))
+					}
 				}
 			}
 			st, _ := readKubeletState(n.kubeletState())

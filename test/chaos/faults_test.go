@@ -132,7 +132,7 @@ func (in *injector) inject(ctx context.Context, kind string, rec *faultRecord) e
 		return in.deleteNode(ctx, rec)
 	case faultGPULost:
 		n := in.pickNode(false)
-		gpu := in.rng.IntN(8)
+		gpu := in.rng.IntN(gpusPerNode)
 		rec.Target = fmt.Sprintf("%s GPU %d", n.name, gpu)
 		in.c.nodeFault(n.name, true)
 		defer in.c.nodeFault(n.name, false)
@@ -144,9 +144,9 @@ func (in *injector) inject(ctx context.Context, kind string, rec *faultRecord) e
 	case faultAPIProxy:
 		rec.Target = "proxy"
 		before := [5]int64{in.e.proxy.tooMany.Load(), in.e.proxy.internal.Load(), in.e.proxy.conflict.Load(), in.e.proxy.slow.Load(), in.e.proxy.droppedWatches.Load()}
-		in.e.proxy.on.Store(true)
+		in.e.proxy.setFaults(true)
 		time.Sleep(in.between(15*time.Second, 30*time.Second))
-		in.e.proxy.on.Store(false)
+		in.e.proxy.setFaults(false)
 		rec.Note = fmt.Sprintf("429: %d, 500: %d, 409: %d, slow: %d, watches dropped: %d",
 			in.e.proxy.tooMany.Load()-before[0], in.e.proxy.internal.Load()-before[1], in.e.proxy.conflict.Load()-before[2],
 			in.e.proxy.slow.Load()-before[3], in.e.proxy.droppedWatches.Load()-before[4])

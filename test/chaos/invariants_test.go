@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"github.com/tessera-gpu/tessera/contract"
 	"github.com/tessera-gpu/tessera/controlplane/api/v1alpha1"
 	"github.com/tessera-gpu/tessera/draplugin/checkpoint"
+	"github.com/tessera-gpu/tessera/nodeagent/nvmlbackend"
 )
 
 // The invariants, each a counter that must stay 0.
@@ -32,11 +34,12 @@ const (
 	invDeletedPodPrepared  = "ended or deleted pod's claim still prepared after the grace period"
 	invCheckpointNoClaim   = "checkpoint entry without a claim"
 	invPreparedNotInCkpt   = "claim prepared (kubelet) but missing from the checkpoint"
+	invMIGOrphan           = "MIG instance tessera created that no claim owns"
 	invDrainLeftover       = "left after the drain (pods, claims, checkpoint entries)"
 )
 
 var invariants = []string{invDeviceOverCapacity, invQueueOverLimit, invGangPartlyBound, invPreparedOnWrongNode,
-	invDeletedPodPrepared, invCheckpointNoClaim, invPreparedNotInCkpt, invDrainLeftover}
+	invDeletedPodPrepared, invCheckpointNoClaim, invPreparedNotInCkpt, invMIGOrphan, invDrainLeftover}
 
 // checker evaluates the invariants every few seconds from consistent lists
 // of the API server (direct, not through the fault proxy) and the nodes'
@@ -456,6 +459,9 @@ func (c *checker) checkNodes(claims []resourceapi.ResourceClaim, pods []v1.Pod, 
 				}
 			}
 		}
+		if n.mode == modeMIG {
+			c.checkMIG(n, entries, settled, seen)
+		}
 		st, err := readKubeletState(statePath)
 		if err != nil {
 			continue
@@ -482,4 +488,56 @@ func (c *checker) snapshot() (map[string]int, int, []string, error) {
 		out[inv] = c.counts[inv]
 	}
 	return out, c.checks, append([]string(nil), c.details...), c.lastErr
+}
+
+// migInstances lists a MIG node's instances per GPU index, from its mock
+// machine's control socket (GPU.Instances), as "gi<ID>" keys.
+func migInstances(ctx context.Context, n *chaosNode) (map[int][]string, error) {
+	out := map[int][]string{}
+	for i := range gpusPerNode {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		reply, err := nvmlbackend.QueryControl(ctx, n.controlSocket(), "instances "+strconv.Itoa(i))
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		for _, in := range strings.Fields(reply) {
+			// "<profile>@<start>(gi<ID>/ci<ID>)"
+			_, rest, ok := strings.Cut(in, "(")
+			if gi, _, ok2 := strings.Cut(rest, "/"); ok && ok2 {
+				out[i] = append(out[i], gi)
+			}
+		}
+	}
+	return out, nil
+}
+
+// checkMIG: every MIG instance on the node's GPUs (all created by tessera:
+// the GPUs are in dynamic MIG mode and the mock machine starts without
+// instances) is recorded, created, in the plugin's checkpoint, except for
+// the moment between its creation and the checkpoint's write.
+func (c *checker) checkMIG(n *chaosNode, entries map[types.UID]*checkpoint.Claim, settled time.Time, seen map[string]bool) {
+	owned := map[string]bool{}
+	for _, e := range entries {
+		if e == nil {
+			continue
+		}
+		for _, d := range e.Devices {
+			if d.MIG != nil && d.MIG.Created {
+				owned[fmt.Sprintf("%d/gi%d", d.MIG.ParentMinor, d.MIG.GIID)] = true
+			}
+		}
+	}
+	instances, err := migInstances(c.e.ctx, n)
+	if err != nil {
+		return // restarting
+	}
+	for gpu, gis := range instances {
+		for _, gi := range gis {
+			key := fmt.Sprintf("%d/%s", gpu, gi)
+			if !owned[key] && c.held("mig/"+n.name+"/"+key, settled, c.grace, seen) {
+				c.violate(invMIGOrphan, n.name+"/"+key, fmt.Sprintf("%s: MIG instance %s on GPU %d is in no checkpoint entry for %s", n.name, gi, gpu, c.grace))
+			}
+		}
+	}
 }

@@ -30,6 +30,9 @@ const (
 	modeLabel  = "chaos.tessera.dev/mode"
 )
 
+// gpusPerNode: each node is a DGX H100 (8 GPUs).
+const gpusPerNode = 8
+
 // chaosNode is one simulated GPU node: a simulated kubelet in this process
 // (sandbox/simkubelet, with a state file as the kubelet's DRA checkpoint) and
 // tessera-node as a process of its own on a mock machine, talking over the
@@ -129,7 +132,12 @@ func (n *chaosNode) startPlugin(ctx context.Context) error {
 		return err
 	}
 	n.http = "127.0.0.1:" + strconv.Itoa(port)
-	backend := "mock:dgxh100?gpus=8&root=" + n.path("driver-root") + "&control=" + n.controlSocket()
+	// The serial keeps the GPUs' UUIDs over tessera-node restarts on this
+	// machine; a node deleted and added back is another machine.
+	n.dmu.Lock()
+	serial := fmt.Sprintf("%s.%d", n.name, n.epoch)
+	n.dmu.Unlock()
+	backend := "mock:dgxh100?gpus=" + strconv.Itoa(gpusPerNode) + "&serial=" + serial + "&root=" + n.path("driver-root") + "&control=" + n.controlSocket()
 	args := []string{
 		"--node-name=" + n.name,
 		"--kubeconfig=" + n.env.proxyKubeconfig,

@@ -4,7 +4,10 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
+	"io"
+	"log"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -37,6 +40,8 @@ type faultProxy struct {
 	mu  sync.Mutex
 	rng *rand.Rand
 	on  atomic.Bool
+	// watches are the watches being served, to cut when a window opens.
+	watches map[*http.Request]context.CancelFunc
 
 	// Counts per injected kind.
 	tooMany, internal, conflict, slow, droppedWatches atomic.Int64
@@ -59,7 +64,7 @@ func startProxy(upstream *rest.Config, certDir string, seed uint64) (*faultProxy
 	if err != nil {
 		return nil, fmt.Errorf("proxy listen: %w", err)
 	}
-	p := &faultProxy{ln: ln, addr: ln.Addr().String(), rng: rand.New(rand.NewPCG(seed, 0x9e3779b9))}
+	p := &faultProxy{ln: ln, addr: ln.Addr().String(), rng: rand.New(rand.NewPCG(seed, 0x9e3779b9)), watches: map[*http.Request]context.CancelFunc{}}
 	p.backend = httputil.NewSingleHostReverseProxy(u)
 	p.backend.Transport = &http.Transport{
 		TLSClientConfig:     &tls.Config{RootCAs: pool},
@@ -67,12 +72,14 @@ func startProxy(upstream *rest.Config, certDir string, seed uint64) (*faultProxy
 		MaxIdleConnsPerHost: 100,
 	}
 	p.backend.FlushInterval = -1 // watches stream
-	p.backend.ErrorLog = nil
+	// Cut watches and a restarting API server make it log every
+	// aborted copy; the run counts what it injects instead.
+	p.backend.ErrorLog = log.New(io.Discard, "", 0)
 	p.backend.ErrorHandler = func(w http.ResponseWriter, r *http.Request, err error) {
 		// The API server is down (being restarted) or the request was cut.
 		w.WriteHeader(http.StatusBadGateway)
 	}
-	p.srv = &http.Server{Handler: p, TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}}
+	p.srv = &http.Server{Handler: p, TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}, ErrorLog: log.New(io.Discard, "", 0)}
 	go func() { _ = p.srv.ServeTLS(ln, "", "") }()
 	return p, nil
 }
@@ -98,23 +105,32 @@ func (p *faultProxy) roll() (float64, float64) {
 	return p.rng.Float64(), p.rng.Float64()
 }
 
+// setFaults opens (true) or closes a fault window. Opening it cuts every
+// watch being served.
+func (p *faultProxy) setFaults(on bool) {
+	p.on.Store(on)
+	if !on {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for r, cancel := range p.watches {
+		cancel()
+		delete(p.watches, r)
+		p.droppedWatches.Add(1)
+	}
+}
+
 func (p *faultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Query().Get("watch") == "true" || r.URL.Query().Get("watch") == "1" {
+		p.serveWatch(w, r)
+		return
+	}
 	if !p.on.Load() {
 		p.backend.ServeHTTP(w, r)
 		return
 	}
 	x, y := p.roll()
-	if r.URL.Query().Get("watch") == "true" || r.URL.Query().Get("watch") == "1" {
-		// Cut the watch after 2–10 s: the client sees the stream end
-		// and must list or watch again from its resource version.
-		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second+time.Duration(y*8*float64(time.Second)))
-		defer cancel()
-		p.backend.ServeHTTP(w, r.WithContext(ctx))
-		if ctx.Err() == context.DeadlineExceeded {
-			p.droppedWatches.Add(1)
-		}
-		return
-	}
 	write := r.Method == http.MethodPut || r.Method == http.MethodPatch
 	switch {
 	case x < 0.04:
@@ -144,4 +160,30 @@ func status(w http.ResponseWriter, code int, reason, message string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	_, _ = fmt.Fprintf(w, `{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":%q,"reason":%q,"code":%d}`, message, reason, code)
+}
+
+// serveWatch proxies a watch; in a fault window it is cut after 2–10 s,
+// and opening a window cuts it at once: the client sees the stream end and
+// must watch again from its resource version (or list again).
+func (p *faultProxy) serveWatch(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	if p.on.Load() {
+		_, y := p.roll()
+		var stop context.CancelFunc
+		ctx, stop = context.WithTimeout(ctx, 2*time.Second+time.Duration(y*8*float64(time.Second)))
+		defer stop()
+	}
+	p.mu.Lock()
+	p.watches[r] = cancel
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		delete(p.watches, r)
+		p.mu.Unlock()
+	}()
+	p.backend.ServeHTTP(w, r.WithContext(ctx))
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) && r.Context().Err() == nil {
+		p.droppedWatches.Add(1)
+	}
 }
