@@ -93,7 +93,11 @@ type gang struct {
 	name, queue, shape string
 	size               int
 	created            time.Time
-	deleted            bool
+	// deleted: the generator gave the gang up; pgGone: its PodGroup's
+	// deletion succeeded. A deletion that failed (the API server was
+	// restarting) is tried again by reap.
+	deleted, pgGone bool
+	lastDelete      time.Time
 }
 
 // tracker follows the run's pods (an informer on the direct client): binds
@@ -327,18 +331,21 @@ func (l *loadGen) createGang(ctx context.Context) {
 func (l *loadGen) reap(ctx context.Context) {
 	l.mu.Lock()
 	var names []string
-	for name, g := range l.gangs {
-		if !g.deleted {
-			names = append(names, name)
-		}
+	for name := range l.gangs {
+		names = append(names, name)
 	}
 	l.mu.Unlock()
 	sort.Strings(names)
 	for _, name := range names {
 		l.mu.Lock()
 		g := l.gangs[name]
+		deleted := g.deleted
 		l.mu.Unlock()
 		pods := l.tr.pods(name)
+		if deleted {
+			l.finishDelete(ctx, g, pods)
+			continue
+		}
 		ended := 0
 		for _, p := range pods {
 			if p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed {
@@ -362,7 +369,29 @@ func (l *loadGen) reap(ctx context.Context) {
 
 func (l *loadGen) deleteGang(ctx context.Context, g *gang, pods []*v1.Pod) {
 	l.mu.Lock()
+	first := !g.deleted
 	g.deleted = true
+	l.mu.Unlock()
+	if first || len(pods) > 0 || !g.pgGone {
+		l.finishDelete(ctx, g, pods)
+	}
+}
+
+// finishDelete deletes what of a given-up gang is left: pods not yet being
+// deleted, and its PodGroup. Once nothing is left the gang is forgotten.
+func (l *loadGen) finishDelete(ctx context.Context, g *gang, pods []*v1.Pod) {
+	l.mu.Lock()
+	if len(pods) == 0 && g.pgGone {
+		delete(l.gangs, g.name)
+		l.mu.Unlock()
+		return
+	}
+	// Not again before the informer has seen the last attempt.
+	if time.Since(g.lastDelete) < 5*time.Second {
+		l.mu.Unlock()
+		return
+	}
+	g.lastDelete = time.Now()
 	l.mu.Unlock()
 	for _, p := range pods {
 		if p.DeletionTimestamp != nil {
@@ -373,10 +402,17 @@ func (l *loadGen) deleteGang(ctx context.Context, g *gang, pods []*v1.Pod) {
 			l.failedOps.Add(1)
 		}
 	}
+	if g.pgGone {
+		return
+	}
 	l.ops.Add(1)
 	if err := l.e.ts.PodGroups(namespace).Delete(ctx, g.name); err != nil && !apierrors.IsNotFound(err) {
 		l.failedOps.Add(1)
+		return
 	}
+	l.mu.Lock()
+	g.pgGone = true
+	l.mu.Unlock()
 }
 
 // editQuota sets a random leaf queue's GPU quota and limit.
@@ -411,14 +447,13 @@ func (l *loadGen) limitChangedAt(queue string) time.Time {
 	return l.limitChanged[queue]
 }
 
-// deleteAll deletes every gang still there (the drain at the end).
+// deleteAll deletes every gang still there, and what is left of those
+// deleted (the drain at the end).
 func (l *loadGen) deleteAll(ctx context.Context) {
 	l.mu.Lock()
 	var gs []*gang
 	for _, g := range l.gangs {
-		if !g.deleted {
-			gs = append(gs, g)
-		}
+		gs = append(gs, g)
 	}
 	l.mu.Unlock()
 	for _, g := range gs {
