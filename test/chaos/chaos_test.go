@@ -58,7 +58,7 @@ func configFromEnv(t *testing.T) config {
 	}
 	return config{
 		duration: d, seed: seed,
-		maxWaiting: 20, minRun: 3 * time.Second, maxRun: 20 * time.Second, cancelAfter: 90 * time.Second,
+		maxWaiting: 24, minRun: 3 * time.Second, maxRun: 20 * time.Second, cancelAfter: 90 * time.Second,
 		// A 16-pod commit under injected latency (up to 2 s per request)
 		// plus a Lease expiry (8 s) and a new leader's start on a loaded
 		// 2-core machine stay well inside a minute; 90 s leaves room.

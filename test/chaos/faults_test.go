@@ -242,7 +242,7 @@ func (in *injector) pickNode(withPods bool) *chaosNode {
 // NodeUnprepareResources), waiting up to 20 s for the moment, and starts it
 // again after 1–3 s on the same directories.
 func (in *injector) killNodeAt(ctx context.Context, rec *faultRecord, prepare bool) error {
-	n := in.pickNode(!prepare)
+	n := in.pickNode(true)
 	rec.Target = n.name
 	n.mu.Lock()
 	defer n.mu.Unlock()

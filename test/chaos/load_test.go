@@ -240,7 +240,7 @@ func (l *loadGen) run(ctx context.Context) {
 		l.reap(ctx)
 		if time.Now().After(nextEdit) {
 			l.editQuota(ctx)
-			nextEdit = time.Now().Add(time.Duration(2000+l.rng.IntN(4000)) * time.Millisecond)
+			nextEdit = time.Now().Add(time.Duration(1000+l.rng.IntN(2000)) * time.Millisecond)
 		}
 		if l.waiting() < l.e.cfg.maxWaiting {
 			l.createGang(ctx)
