@@ -208,19 +208,6 @@ func (n *chaosNode) killPlugin() {
 	n.proc = nil
 }
 
-// pluginAlive reports whether tessera-node is running (and not crashed on its own).
-func (n *chaosNode) pluginAlive() bool {
-	if n.proc == nil {
-		return false
-	}
-	select {
-	case <-n.procDone:
-		return false
-	default:
-		return true
-	}
-}
-
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
