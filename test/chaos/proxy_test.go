@@ -177,13 +177,15 @@ func (p *faultProxy) serveWatch(w http.ResponseWriter, r *http.Request) {
 	p.mu.Lock()
 	p.watches[r] = cancel
 	p.mu.Unlock()
+	// Deferred: a cut stream makes the reverse proxy abort the response
+	// with a panic (http.ErrAbortHandler), which the server recovers.
 	defer func() {
 		p.mu.Lock()
 		delete(p.watches, r)
 		p.mu.Unlock()
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) && r.Context().Err() == nil {
+			p.droppedWatches.Add(1)
+		}
 	}()
 	p.backend.ServeHTTP(w, r.WithContext(ctx))
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) && r.Context().Err() == nil {
-		p.droppedWatches.Add(1)
-	}
 }
