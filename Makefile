@@ -12,7 +12,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 E2E_PKGS  := ./test/e2e/...
 STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: all build cli k8s-bin operators-bin node-bin helm-bin test test-unit test-e2e bench bench-e2e bench-e2e-short fuzz lint fmt generate demo clean
+.PHONY: all build cli k8s-bin operators-bin node-bin helm-bin test test-unit test-e2e bench bench-e2e bench-e2e-short fuzz chaos lint fmt generate demo clean
 
 all: build
 
@@ -87,6 +87,16 @@ bench-e2e: k8s-bin
 
 bench-e2e-short:
 	$(MAKE) bench-e2e FAIR_NODES=5 FAIR_RUNS=1 FAIR_ARGS='-fair-churn=5s -fair-unfit-window=3s -fair-stall=20s'
+
+# The chaos run (test/chaos, docs/reliability.md): the real control plane,
+# 8 simulated GPU nodes with tessera-node processes, two tessera-scheduler
+# replicas, a seeded load generator and faults at seeded random times, with
+# the invariants checked every few seconds. CHAOS_SEED reproduces a run's
+# choices; CHAOS_REPORT=file.json keeps its report. Never part of `make test`.
+CHAOS_DURATION ?= 15m
+CHAOS_SEED     ?=
+chaos: k8s-bin
+	CHAOS_DURATION=$(CHAOS_DURATION) CHAOS_SEED=$(CHAOS_SEED) $(GO) test -count=1 -v -run '^TestChaos$$' -timeout 90m ./test/chaos/
 
 # Every fuzz target, each for FUZZTIME (not part of `make test`: there
 # the seed corpora under testdata/fuzz run as ordinary tests). A crasher

@@ -39,10 +39,15 @@ type Spec struct {
 	// which the mock machine takes faults from outside the process: XID and
 	// ECC events, a GPU lost and back (ServeControl).
 	Control string
+	// Serial (mock option serial=NAME) names the machine: its GPUs' UUIDs
+	// follow from it, so that a tessera-node restarted on the same machine
+	// (a new process, a new mock) sees the same GPUs, as on real hardware.
+	// Empty: random UUIDs, a new machine each time.
+	Serial string
 }
 
 // ParseSpec parses "nvml", "nvml:<library path>", "mock:<machine>" or
-// "mock:<machine>?gpus=N&root=DIR&control=SOCKET" (options in any order,
+// "mock:<machine>?gpus=N&root=DIR&control=SOCKET&serial=NAME" (options in any order,
 // each optional; paths absolute).
 func ParseSpec(spec string) (Spec, error) {
 	switch {
@@ -69,6 +74,11 @@ func ParseSpec(spec string) (Spec, error) {
 					return Spec{}, fmt.Errorf("backend %q: gpus must be a number from 1 to 64, got %q", spec, v[len(v)-1])
 				}
 				s.GPUs = n
+			case "serial":
+				if v[len(v)-1] == "" {
+					return Spec{}, fmt.Errorf("backend %q: serial must not be empty", spec)
+				}
+				s.Serial = v[len(v)-1]
 			case "root", "control":
 				p := v[len(v)-1]
 				if !filepath.IsAbs(p) {
@@ -80,7 +90,7 @@ func ParseSpec(spec string) (Spec, error) {
 					s.Control = p
 				}
 			default:
-				return Spec{}, fmt.Errorf("backend %q: unknown option %q (known: gpus, root, control)", spec, key)
+				return Spec{}, fmt.Errorf("backend %q: unknown option %q (known: gpus, root, control, serial)", spec, key)
 			}
 		}
 		return s, nil
@@ -104,6 +114,9 @@ func Open(spec string) (nvml.Interface, error) {
 		m, err := NewMock(s.Mock, s.GPUs)
 		if err != nil {
 			return nil, err
+		}
+		if s.Serial != "" {
+			m.setSerial(s.Serial)
 		}
 		if s.DriverRoot != "" {
 			if err := m.WriteDriverRoot(s.DriverRoot); err != nil {

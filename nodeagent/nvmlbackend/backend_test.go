@@ -2,6 +2,7 @@ package nvmlbackend_test
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -17,6 +18,7 @@ func TestParseSpec(t *testing.T) {
 		"mock:dgxa100":             {Mock: "dgxa100", GPUs: 8},
 		"mock:dgxb200?gpus=3":      {Mock: "dgxb200", GPUs: 3},
 		"mock:dgxh100?gpus=2&root=/tmp/r&control=/tmp/c.sock": {Mock: "dgxh100", GPUs: 2, DriverRoot: "/tmp/r", Control: "/tmp/c.sock"},
+		"mock:dgxh100?serial=node-3":                          {Mock: "dgxh100", GPUs: 8, Serial: "node-3"},
 	} {
 		got, err := nvmlbackend.ParseSpec(spec)
 		if err != nil || got != want {
@@ -33,10 +35,39 @@ func TestParseSpec(t *testing.T) {
 		"mock:dgxh100?gpus=%%":        "bad options",
 		"mock:dgxh100?root=r":         "root must be an absolute path",
 		"mock:dgxh100?control=c.sock": "control must be an absolute path",
+		"mock:dgxh100?serial=":        "serial must not be empty",
 	} {
 		if _, err := nvmlbackend.ParseSpec(spec); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("ParseSpec(%q): %v, want an error containing %q", spec, err, want)
 		}
+	}
+}
+
+// TestMockSerialKeepsUUIDs: two mocks of the machine named by serial (a
+// tessera-node restarted on it) have the same GPU UUIDs; another serial, or
+// none, gives other GPUs.
+func TestMockSerialKeepsUUIDs(t *testing.T) {
+	uuids := func(spec string) []string {
+		lib, err := nvmlbackend.Open(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lib.Shutdown()
+		var out []string
+		for _, g := range lib.(*nvmlbackend.Mock).GPUs() {
+			out = append(out, g.UUID)
+		}
+		return out
+	}
+	a, b := uuids("mock:dgxh100?gpus=2&serial=node-a"), uuids("mock:dgxh100?gpus=2&serial=node-a")
+	if !slices.Equal(a, b) || a[0] == a[1] {
+		t.Errorf("same serial: %v and %v, want the same two distinct UUIDs", a, b)
+	}
+	if c := uuids("mock:dgxh100?gpus=2&serial=node-b"); slices.Equal(a, c) {
+		t.Errorf("another serial has the same UUIDs %v", c)
+	}
+	if d := uuids("mock:dgxh100?gpus=2"); slices.Equal(a, d) {
+		t.Errorf("no serial has the same UUIDs %v", d)
 	}
 }
 

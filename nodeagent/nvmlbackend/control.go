@@ -25,6 +25,9 @@ import (
 //	ecc <gpu> single|double  an ECC error event (InjectECC)
 //	lost <gpu>               the GPU falls off the bus (SetLost true)
 //	back <gpu>               the GPU answers again, after a reset (SetLost false)
+//	instances <gpu>          lists the GPU's MIG instances (GPU.Instances),
+//	                         answered "ok" and one "<profile>@<start>(gi<ID>/ci<ID>)"
+//	                         per instance, space separated (QueryControl)
 //
 // <gpu> is an index or a UUID. The socket goes when the machine shuts down
 // (its last Shutdown).
@@ -58,8 +61,10 @@ func (m *Mock) serveControlConn(conn net.Conn) {
 			continue
 		}
 		reply := "ok"
-		if err := m.control1(strings.Fields(line)); err != nil {
+		if out, err := m.control1(strings.Fields(line)); err != nil {
 			reply = "error: " + err.Error()
+		} else if out != "" {
+			reply += " " + out
 		}
 		if _, err := fmt.Fprintln(conn, reply); err != nil {
 			return
@@ -67,29 +72,40 @@ func (m *Mock) serveControlConn(conn net.Conn) {
 	}
 }
 
-func (m *Mock) control1(f []string) error {
+// control1 applies one command; a query's answer is returned.
+func (m *Mock) control1(f []string) (string, error) {
 	if len(f) < 2 {
-		return fmt.Errorf("want <command> <gpu> [argument], got %q", strings.Join(f, " "))
+		return "", fmt.Errorf("want <command> <gpu> [argument], got %q", strings.Join(f, " "))
 	}
 	uuid, err := m.gpuRef(f[1])
 	if err != nil {
-		return err
+		return "", err
 	}
 	switch {
 	case f[0] == "xid" && len(f) == 3:
 		xid, err := strconv.ParseUint(f[2], 10, 64)
 		if err != nil {
-			return fmt.Errorf("xid: %q is not a number", f[2])
+			return "", fmt.Errorf("xid: %q is not a number", f[2])
 		}
-		return m.InjectXID(uuid, xid)
+		return "", m.InjectXID(uuid, xid)
 	case f[0] == "ecc" && len(f) == 3 && (f[2] == "single" || f[2] == "double"):
-		return m.InjectECC(uuid, f[2] == "double")
+		return "", m.InjectECC(uuid, f[2] == "double")
 	case f[0] == "lost" && len(f) == 2:
-		return m.SetLost(uuid, true)
+		return "", m.SetLost(uuid, true)
 	case f[0] == "back" && len(f) == 2:
-		return m.SetLost(uuid, false)
+		return "", m.SetLost(uuid, false)
+	case f[0] == "instances" && len(f) == 2:
+		g, err := m.GPU(uuid)
+		if err != nil {
+			return "", err
+		}
+		var out []string
+		for _, in := range g.Instances() {
+			out = append(out, in.String())
+		}
+		return strings.Join(out, " "), nil
 	}
-	return fmt.Errorf("unknown command %q (known: xid <gpu> <n>, ecc <gpu> single|double, lost <gpu>, back <gpu>)", strings.Join(f, " "))
+	return "", fmt.Errorf("unknown command %q (known: xid <gpu> <n>, ecc <gpu> single|double, lost <gpu>, back <gpu>, instances <gpu>)", strings.Join(f, " "))
 }
 
 // gpuRef resolves a GPU index or UUID.
@@ -117,10 +133,18 @@ func (m *Mock) closeControlLocked() {
 // SendControl sends one command to a mock machine's control socket (see
 // ServeControl) and returns its error answer as an error.
 func SendControl(ctx context.Context, socket, command string) error {
+	_, err := QueryControl(ctx, socket, command)
+	return err
+}
+
+// QueryControl sends one command to a mock machine's control socket and
+// returns what its answer says after "ok" (instances lists them), or its
+// error answer as an error.
+func QueryControl(ctx context.Context, socket, command string) (string, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", socket)
 	if err != nil {
-		return fmt.Errorf("mock control socket: %w", err)
+		return "", fmt.Errorf("mock control socket: %w", err)
 	}
 	defer conn.Close()
 	if deadline, ok := ctx.Deadline(); ok {
@@ -129,15 +153,18 @@ func SendControl(ctx context.Context, socket, command string) error {
 		_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
 	}
 	if _, err := fmt.Fprintln(conn, command); err != nil {
-		return fmt.Errorf("mock control socket: %w", err)
+		return "", fmt.Errorf("mock control socket: %w", err)
 	}
 	reply, err := bufio.NewReader(conn).ReadString('\n')
 	if err != nil {
-		return fmt.Errorf("mock control socket: no answer to %q: %w", command, err)
+		return "", fmt.Errorf("mock control socket: no answer to %q: %w", command, err)
 	}
 	reply = strings.TrimSpace(reply)
 	if reply == "ok" {
-		return nil
+		return "", nil
 	}
-	return errors.New("mock control: " + command + ": " + strings.TrimPrefix(reply, "error: "))
+	if out, ok := strings.CutPrefix(reply, "ok "); ok {
+		return out, nil
+	}
+	return "", errors.New("mock control: " + command + ": " + strings.TrimPrefix(reply, "error: "))
 }

@@ -91,3 +91,38 @@ func TestControlSocket(t *testing.T) {
 		t.Errorf("the root option's driver installation was removed at Shutdown: %v", err)
 	}
 }
+
+// TestControlSocketListsInstances: `instances <gpu>` answers the GPU's MIG
+// instances as NVML has them (the chaos run compares them with the
+// plugin's checkpoint), none on a GPU without.
+func TestControlSocketListsInstances(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "nvml.sock")
+	lib, err := nvmlbackend.Open("mock:dgxh100?gpus=2&control=" + sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lib.Shutdown() })
+	m := lib.(*nvmlbackend.Mock)
+	g := m.GPUs()[1]
+	dev, _ := lib.DeviceGetHandleByIndex(1)
+	if _, ret := dev.SetMigMode(nvml.DEVICE_MIG_ENABLE); ret != nvml.SUCCESS {
+		t.Fatalf("MIG mode: %v", ret)
+	}
+	in, err := g.CreateInstance("1g.10gb", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	got, err := nvmlbackend.QueryControl(ctx, sock, "instances 1")
+	if err != nil || got != in.String() {
+		t.Errorf("instances 1: %q (%v), want %q", got, err, in.String())
+	}
+	if got, err := nvmlbackend.QueryControl(ctx, sock, "instances 0"); err != nil || got != "" {
+		t.Errorf("instances 0: %q (%v), want none", got, err)
+	}
+	if _, err := nvmlbackend.QueryControl(ctx, sock, "instances 9"); err == nil || !strings.Contains(err.Error(), "no GPU with index 9") {
+		t.Errorf("instances 9: %v, want no such GPU", err)
+	}
+}

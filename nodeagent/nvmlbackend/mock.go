@@ -5,6 +5,7 @@ import (
 	"net"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -195,6 +196,14 @@ func (m *Mock) addGPU(p *Product, i int, bus string) {
 	g := &GPU{m: m, Product: p, Index: i, Minor: i, UUID: "GPU-" + uuid.New().String(),
 		PCIBusID: "00000000:" + bus + ":00.0", gis: map[uint32]*GpuInstance{}}
 	m.gpus = append(m.gpus, g)
+}
+
+// setSerial gives the GPUs the UUIDs of the machine named serial: the same
+// for every mock of that name (name-based UUIDs, RFC 9562 version 5).
+func (m *Mock) setSerial(serial string) {
+	for _, g := range m.gpus {
+		g.UUID = "GPU-" + uuid.NewSHA1(uuid.NameSpaceOID, []byte(serial+"/"+strconv.Itoa(g.Index))).String()
+	}
 }
 
 // GPUs returns the machine's GPUs in index order.

@@ -294,8 +294,13 @@ const fakeSMI = `#!/bin/sh
 printf '%s\n' "nvidia-smi $*" >> "$FAKE_TOOLS_LOG"
 `
 
-func (n *Node) writeFakeTools() error {
-	dir := n.path("fakebin")
+func (n *Node) writeFakeTools() error { return WriteFakeTools(n.path("fakebin")) }
+
+// WriteFakeTools writes the stand-ins of nvidia-cuda-mps-control and
+// nvidia-smi (above) into dir, for tessera-node processes on a mock backend
+// with dir first on PATH; they log each call to $FAKE_TOOLS_LOG. The chaos
+// run (test/chaos) uses them too.
+func WriteFakeTools(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}

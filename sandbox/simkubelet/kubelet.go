@@ -79,7 +79,18 @@ type Kubelet struct {
 
 	mu    sync.Mutex
 	state map[types.UID]*podState
-	log   *Ledger
+	// gone are pods whose object was deleted before their claims were
+	// unprepared (a terminal pod is deleted at once), by key: the
+	// unprepare is retried until it succeeds, as the real kubelet's pod
+	// workers retry it, so that a plugin that is down (killed, restarting)
+	// when the pod goes does not leave the claims prepared for ever.
+	gone map[string]*corev1.Pod
+	log  *Ledger
+
+	// saveMu makes each state save (snapshot and write) one step, so that
+	// concurrent saves neither race on the temporary file nor write an
+	// older snapshot over a newer one.
+	saveMu sync.Mutex
 
 	// callMu makes each plugin call and its ledger entry one step, so that
 	// the ledger's order is the order in which the plugins handled the calls
@@ -109,6 +120,7 @@ func New(opts Options) *Kubelet {
 		plugins: newPluginRegistry(opts.RegistryDir),
 		queue:   workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
 		state:   map[types.UID]*podState{},
+		gone:    map[string]*corev1.Pod{},
 		log:     &Ledger{},
 	}
 }
@@ -152,7 +164,14 @@ func (k *Kubelet) Run(ctx context.Context) error {
 				obj = tomb.Obj
 			}
 			if pod, ok := obj.(*corev1.Pod); ok {
-				k.forget(ctx, pod)
+				key, err := cache.MetaNamespaceKeyFunc(pod)
+				if err != nil {
+					return
+				}
+				k.mu.Lock()
+				k.gone[key] = pod
+				k.mu.Unlock()
+				k.queue.Add(key)
 			}
 		},
 	}); err != nil {
@@ -163,6 +182,7 @@ func (k *Kubelet) Run(ctx context.Context) error {
 	if !cache.WaitForCacheSync(ctx.Done(), podInformer.HasSynced) {
 		return fmt.Errorf("pod informer of node %s did not sync: %w", k.opts.NodeName, ctx.Err())
 	}
+	k.forgetOrphans()
 
 	var wg sync.WaitGroup
 	for range 4 {
@@ -257,8 +277,19 @@ func (k *Kubelet) processNext(ctx context.Context) bool {
 
 func (k *Kubelet) sync(ctx context.Context, key string) (time.Duration, error) {
 	obj, exists, err := k.podStore.GetByKey(key)
-	if err != nil || !exists {
+	if err != nil {
 		return 0, err
+	}
+	k.mu.Lock()
+	gone := k.gone[key]
+	k.mu.Unlock()
+	if gone != nil && (!exists || obj.(*corev1.Pod).UID != gone.UID) {
+		if err := k.forget(ctx, key, gone); err != nil {
+			return 0, err // retried (rate limited) until the plugin answers
+		}
+	}
+	if !exists {
+		return 0, nil
 	}
 	pod := obj.(*corev1.Pod)
 	switch {
@@ -429,17 +460,49 @@ func (k *Kubelet) unprepare(ctx context.Context, pod *corev1.Pod) error {
 	return nil
 }
 
-// forget runs when the pod object is gone: unprepare if that has not happened.
-func (k *Kubelet) forget(ctx context.Context, pod *corev1.Pod) {
+// forget runs when the pod object is gone: unprepare if that has not
+// happened, then drop the pod. An error leaves it to be retried.
+func (k *Kubelet) forget(ctx context.Context, key string, pod *corev1.Pod) error {
 	if err := k.unprepare(ctx, pod); err != nil {
-		klog.FromContext(ctx).Error(err, "Unprepare for deleted pod failed", "pod", klog.KObj(pod))
-		return
+		klog.FromContext(ctx).Error(err, "Unprepare for deleted pod failed; retrying", "pod", klog.KObj(pod))
+		return err
 	}
 	k.mu.Lock()
 	delete(k.state, pod.UID)
+	if k.gone[key] == pod {
+		delete(k.gone, key)
+	}
 	k.mu.Unlock()
 	k.saveState(ctx)
+	return nil
 }
+
+// forgetOrphans queues the pods of the state file that are not on the node
+// any more (deleted while this kubelet was down) to be unprepared and
+// dropped, as the real kubelet's DRA manager reconciles its checkpoint with
+// the active pods. Their key is orphanKeyPrefix+UID, which names no pod.
+func (k *Kubelet) forgetOrphans() {
+	live := map[types.UID]bool{}
+	for _, obj := range k.podStore.List() {
+		live[obj.(*corev1.Pod).UID] = true
+	}
+	var keys []string
+	k.mu.Lock()
+	for uid := range k.state {
+		if !live[uid] {
+			key := orphanKeyPrefix + string(uid)
+			k.gone[key] = &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: string(uid), UID: uid}}
+			keys = append(keys, key)
+		}
+	}
+	k.mu.Unlock()
+	for _, key := range keys {
+		k.queue.Add(key)
+	}
+}
+
+// orphanKeyPrefix: a namespace no pod can have (it is not a DNS label).
+const orphanKeyPrefix = "orphan:/"
 
 func (k *Kubelet) isPrepared(uid types.UID) bool {
 	k.mu.Lock()

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/test/framework"
@@ -32,6 +33,14 @@ type recordingPlugin struct {
 	unprepared map[types.UID]int
 	attempts   map[types.UID]int // prepare calls, failed ones included
 	failClaim  string            // prepare of a claim with this name fails
+	// failUnprepare makes every unprepare fail (a plugin that is down).
+	failUnprepare bool
+}
+
+func (p *recordingPlugin) setFailUnprepare(fail bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.failUnprepare = fail
 }
 
 func (p *recordingPlugin) setFailClaim(name string) {
@@ -75,6 +84,9 @@ func (p *recordingPlugin) UnprepareResourceClaims(_ context.Context, claims []ku
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := map[types.UID]error{}
+	if p.failUnprepare {
+		return nil, errors.New("plugin unavailable")
+	}
 	for _, c := range claims {
 		p.unprepared[c.UID]++
 		out[c.UID] = nil
@@ -449,4 +461,101 @@ func runOnNode(t *testing.T, ctx context.Context, client kubernetes.Interface, n
 	reserve(t, ctx, client, claim, node, pod)
 	bind(t, ctx, client, pod, node)
 	return pod, claim
+}
+
+// TestDeletedPodUnpreparedOncePluginAnswers: a pod whose object goes while
+// its plugin cannot unprepare (killed, restarting) has its claims
+// unprepared once the plugin answers again, as the real kubelet retries.
+// Found by the chaos run: the deleted pod's unprepare was tried once, and the
+// claim stayed prepared in the plugin's checkpoint for ever.
+func TestDeletedPodUnpreparedOncePluginAnswers(t *testing.T) {
+	cp := framework.Shared(t)
+	client := cp.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ns := cp.CreateNamespace(t)
+	node := framework.UniqueName("sim-node")
+	plugin := &recordingPlugin{prepared: map[types.UID]int{}, unprepared: map[types.UID]int{}, attempts: map[types.UID]int{}}
+	startNode(t, ctx, client, node, plugin)
+
+	pod, claim := runOnNode(t, ctx, client, ns, node, "doomed", "doomed-gpu")
+	waitPhase(t, ctx, client, pod, corev1.PodRunning)
+	plugin.setFailUnprepare(true)
+	// Gone at once, as a terminal pod is on deletion.
+	if err := client.CoreV1().Pods(ns).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second) // the kubelet sees the deletion and fails to unprepare
+	if _, u := plugin.counts(claim.UID); u != 0 {
+		t.Fatalf("unprepared %d times while the plugin fails", u)
+	}
+	plugin.setFailUnprepare(false)
+	err := Wait(ctx, 60*time.Second, func(context.Context) (bool, error) {
+		_, u := plugin.counts(claim.UID)
+		return u == 1, nil
+	})
+	if err != nil {
+		t.Fatal("the deleted pod's claim was not unprepared once the plugin answered again")
+	}
+}
+
+// TestRestartUnpreparesPodsDeletedMeanwhile: a kubelet restarted on its
+// StateFile unprepares the claims of pods deleted while it was down (the
+// real kubelet's DRA manager reconciles its checkpoint with the active pods).
+func TestRestartUnpreparesPodsDeletedMeanwhile(t *testing.T) {
+	cp := framework.Shared(t)
+	client := cp.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ns := cp.CreateNamespace(t)
+	node := framework.UniqueName("sim-node")
+	plugin := &recordingPlugin{prepared: map[types.UID]int{}, unprepared: map[types.UID]int{}, attempts: map[types.UID]int{}}
+	registry := startPlugin(t, ctx, client, node, plugin)
+	opts := Options{NodeName: node, Client: client, RegistryDir: registry, StateFile: filepath.Join(t.TempDir(), "dra_state.json")}
+	t.Cleanup(func() { _ = client.CoreV1().Nodes().Delete(context.Background(), node, metav1.DeleteOptions{}) })
+	_, stop := startKubelet(t, ctx, client, opts)
+	pod, claim := runOnNode(t, ctx, client, ns, node, "while-down", "while-down-gpu")
+	waitPhase(t, ctx, client, pod, corev1.PodRunning)
+	stop()
+	if err := client.CoreV1().Pods(ns).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+		t.Fatal(err)
+	}
+	startKubelet(t, ctx, client, opts)
+	err := Wait(ctx, 30*time.Second, func(context.Context) (bool, error) {
+		_, u := plugin.counts(claim.UID)
+		return u == 1, nil
+	})
+	if err != nil {
+		t.Fatal("the claim of a pod deleted while the kubelet was down was not unprepared after its restart")
+	}
+}
+
+// TestConcurrentStateSavesKeepTheNewest: saves from several workers at once
+// leave the newest state in the file. Found by the chaos run ("rename
+// ….tmp: no such file or directory"): concurrent saves shared one temporary
+// file, and an older snapshot could be written over a newer one.
+func TestConcurrentStateSavesKeepTheNewest(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.json")
+	k := New(Options{NodeName: "n", StateFile: path})
+	ctx := context.Background()
+	for round := range 50 {
+		var wg sync.WaitGroup
+		for i := range 8 {
+			uid := types.UID(fmt.Sprintf("pod-%d-%d", round, i))
+			wg.Go(func() {
+				k.mu.Lock()
+				k.state[uid] = &podState{prepared: true, claims: map[string][]*drapb.Claim{driver: {{Namespace: "ns", Name: string(uid), Uid: string(uid)}}}}
+				k.mu.Unlock()
+				k.saveState(ctx)
+			})
+		}
+		wg.Wait()
+		reloaded := New(Options{NodeName: "n", StateFile: path})
+		if err := reloaded.loadState(); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := len(reloaded.state), 8*(round+1); got != want {
+			t.Fatalf("round %d: the state file has %d pods, want %d", round, got, want)
+		}
+	}
 }

@@ -61,6 +61,8 @@ func (k *Kubelet) saveState(ctx context.Context) {
 	if k.opts.StateFile == "" {
 		return
 	}
+	k.saveMu.Lock()
+	defer k.saveMu.Unlock()
 	k.mu.Lock()
 	saved := make(map[types.UID]savedPod, len(k.state))
 	for uid, st := range k.state {

@@ -1,0 +1,344 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+
+	"github.com/tessera-gpu/tessera/draplugin/checkpoint"
+	"github.com/tessera-gpu/tessera/nodeagent/nvmlbackend"
+	"github.com/tessera-gpu/tessera/sandbox/cluster"
+)
+
+// The fault kinds.
+const (
+	faultLeaderKill      = "kill -9 of the leading scheduler (mid-commit)"
+	faultAPIServer       = "kube-apiserver restart (kill -9)"
+	faultEtcd            = "etcd restart (kill -9)"
+	faultNodeKillPrepare = "kill -9 of tessera-node mid-prepare"
+	faultNodeKillUnprep  = "kill -9 of tessera-node at unprepare"
+	faultKubelet         = "kubelet restart (plugin re-registration)"
+	faultNodeDelete      = "node deleted with running pods"
+	faultGPULost         = "GPU lost and back"
+	faultAPIProxy        = "API errors and latency (proxy: 429, 500, 409, slow, dropped watches)"
+)
+
+var faultKinds = []string{faultLeaderKill, faultAPIServer, faultEtcd, faultNodeKillPrepare, faultNodeKillUnprep,
+	faultKubelet, faultNodeDelete, faultGPULost, faultAPIProxy}
+
+// faultRecord is one injected fault.
+type faultRecord struct {
+	Seq      int       `json:"seq"`
+	Kind     string    `json:"kind"`
+	Target   string    `json:"target"`
+	Start    float64   `json:"startSeconds"`
+	End      float64   `json:"endSeconds"`
+	Note     string    `json:"note,omitempty"`
+	Recovery float64   `json:"recoverySeconds"` // -1: no gang bound after it within the run
+	end      time.Time `json:"-"`
+	Err      string    `json:"error,omitempty"`
+}
+
+// injector injects faults one at a time, at seeded random times, until its
+// context ends.
+type injector struct {
+	e   *env
+	c   *checker
+	tr  *tracker
+	rng *rand.Rand
+
+	mu      sync.Mutex
+	records []*faultRecord
+}
+
+func newInjector(e *env, c *checker, tr *tracker) *injector {
+	return &injector{e: e, c: c, tr: tr, rng: rand.New(rand.NewPCG(e.seed, 2))}
+}
+
+func (in *injector) between(lo, hi time.Duration) time.Duration {
+	return lo + time.Duration(in.rng.Int64N(int64(hi-lo)))
+}
+
+func (in *injector) run(ctx context.Context) {
+	// Every kind in turn, in a seeded order per round, so that a short run
+	// still sees each kind.
+	var order []string
+	for seq := 1; ; seq++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(in.between(in.e.cfg.minGap, in.e.cfg.maxGap)):
+		}
+		if len(order) == 0 {
+			order = append([]string(nil), faultKinds...)
+			in.rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+		}
+		kind := order[0]
+		order = order[1:]
+		rec := &faultRecord{Seq: seq, Kind: kind, Start: time.Since(in.e.start).Seconds(), Recovery: -1}
+		in.e.logf("fault #%d (seed %d): %s", seq, in.e.seed, kind)
+		// The fault runs to its end (every node and replica back) even
+		// when the run ends meanwhile.
+		err := in.inject(in.e.ctx, kind, rec)
+		rec.end = time.Now()
+		rec.End = time.Since(in.e.start).Seconds()
+		if err != nil {
+			rec.Err = err.Error()
+			in.e.logf("fault #%d: %v", seq, err)
+		}
+		in.e.logf("fault #%d done: %s %s", seq, rec.Target, rec.Note)
+		in.mu.Lock()
+		in.records = append(in.records, rec)
+		in.mu.Unlock()
+	}
+}
+
+func (in *injector) inject(ctx context.Context, kind string, rec *faultRecord) error {
+	switch kind {
+	case faultLeaderKill:
+		return in.killLeader(ctx, rec)
+	case faultAPIServer:
+		rec.Target = cluster.ComponentAPIServer
+		return in.e.cp.Restart(ctx, cluster.ComponentAPIServer)
+	case faultEtcd:
+		rec.Target = cluster.ComponentEtcd
+		return in.e.cp.Restart(ctx, cluster.ComponentEtcd)
+	case faultNodeKillPrepare:
+		return in.killNodeAt(ctx, rec, true)
+	case faultNodeKillUnprep:
+		return in.killNodeAt(ctx, rec, false)
+	case faultKubelet:
+		n := in.pickNode(false)
+		rec.Target = n.name
+		in.c.nodeFault(n.name, true)
+		defer in.c.nodeFault(n.name, false)
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		n.stopKubelet()
+		time.Sleep(in.between(time.Second, 3*time.Second))
+		n.startKubelet(in.e.kube)
+		return nil
+	case faultNodeDelete:
+		return in.deleteNode(ctx, rec)
+	case faultGPULost:
+		n := in.pickNode(false)
+		gpu := in.rng.IntN(gpusPerNode)
+		rec.Target = fmt.Sprintf("%s GPU %d", n.name, gpu)
+		in.c.nodeFault(n.name, true)
+		defer in.c.nodeFault(n.name, false)
+		if err := nvmlbackend.SendControl(ctx, n.controlSocket(), "lost "+strconv.Itoa(gpu)); err != nil {
+			return err
+		}
+		time.Sleep(in.between(8*time.Second, 15*time.Second))
+		return nvmlbackend.SendControl(ctx, n.controlSocket(), "back "+strconv.Itoa(gpu))
+	case faultAPIProxy:
+		rec.Target = "proxy"
+		before := [5]int64{in.e.proxy.tooMany.Load(), in.e.proxy.internal.Load(), in.e.proxy.conflict.Load(), in.e.proxy.slow.Load(), in.e.proxy.droppedWatches.Load()}
+		in.e.proxy.setFaults(true)
+		time.Sleep(in.between(15*time.Second, 30*time.Second))
+		in.e.proxy.setFaults(false)
+		rec.Note = fmt.Sprintf("429: %d, 500: %d, 409: %d, slow: %d, watches dropped: %d",
+			in.e.proxy.tooMany.Load()-before[0], in.e.proxy.internal.Load()-before[1], in.e.proxy.conflict.Load()-before[2],
+			in.e.proxy.slow.Load()-before[3], in.e.proxy.droppedWatches.Load()-before[4])
+		return nil
+	}
+	return fmt.Errorf("unknown fault %q", kind)
+}
+
+// killLeader waits (up to 15 s) for a claim allocation to be written — the
+// leader is committing a gang — and kills it with SIGKILL at once; a new
+// replica takes its slot, as a Deployment would start one.
+func (in *injector) killLeader(ctx context.Context, rec *faultRecord) error {
+	var leader *replica
+	for range 100 {
+		if leader = in.e.leader(ctx); leader != nil {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if leader == nil {
+		return fmt.Errorf("no leader")
+	}
+	rec.Target = fmt.Sprintf("replica %d (pid %d)", leader.slot, leader.cmd.Process.Pid)
+	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	w, err := in.e.kube.ResourceV1().ResourceClaims(namespace).Watch(wctx, metav1.ListOptions{})
+	mid := false
+	if err == nil {
+	loop:
+		for {
+			select {
+			case ev, ok := <-w.ResultChan():
+				if !ok {
+					break loop
+				}
+				if cl, isClaim := ev.Object.(*resourceapi.ResourceClaim); isClaim && ev.Type == watch.Modified && cl.Status.Allocation != nil && len(cl.Status.ReservedFor) > 0 {
+					mid = true
+					break loop
+				}
+			case <-wctx.Done():
+				break loop
+			}
+		}
+		w.Stop()
+	}
+	leader.kill()
+	rec.Note = "killed after a claim allocation was written (mid-commit)"
+	if !mid {
+		rec.Note = "no commit within 15s: killed idle"
+	}
+	time.Sleep(time.Second)
+	r, err := in.e.startReplica(leader.slot)
+	if err != nil {
+		return err
+	}
+	in.e.replicas[leader.slot] = r
+	// Recovered once a replica leads again.
+	for range 300 {
+		if in.e.leader(ctx) != nil {
+			return nil
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return fmt.Errorf("no new leader within 60s")
+}
+
+// pickNode picks a node at random (withPods: one with running pods, if any).
+func (in *injector) pickNode(withPods bool) *chaosNode {
+	if withPods {
+		var busy []*chaosNode
+		running := map[string]bool{}
+		for _, obj := range in.tr.store.List() {
+			if p := obj.(*v1.Pod); p.Status.Phase == v1.PodRunning {
+				running[p.Spec.NodeName] = true
+			}
+		}
+		for _, n := range in.e.nodes {
+			if running[n.name] {
+				busy = append(busy, n)
+			}
+		}
+		sort.Slice(busy, func(i, j int) bool { return busy[i].name < busy[j].name })
+		if len(busy) > 0 {
+			return busy[in.rng.IntN(len(busy))]
+		}
+	}
+	return in.e.nodes[in.rng.IntN(len(in.e.nodes))]
+}
+
+// killNodeAt kills a node's tessera-node with SIGKILL mid-prepare (when its
+// checkpoint shows a claim in PrepareStarted: side effects under way) or at
+// unprepare (when one of its pods has just ended and the kubelet is calling
+// NodeUnprepareResources), waiting up to 20 s for the moment, and starts it
+// again after 1–3 s on the same directories.
+func (in *injector) killNodeAt(ctx context.Context, rec *faultRecord, prepare bool) error {
+	n := in.pickNode(true)
+	rec.Target = n.name
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	in.c.nodeFault(n.name, true)
+	defer in.c.nodeFault(n.name, false)
+	deadline := time.Now().Add(20 * time.Second)
+	hit := false
+	ended := map[string]bool{}
+	for _, obj := range in.tr.store.List() {
+		if p := obj.(*v1.Pod); p.Spec.NodeName == n.name && p.Status.Phase != v1.PodRunning && p.Status.Phase != v1.PodPending {
+			ended[p.Name] = true
+		}
+	}
+	for !hit && time.Now().Before(deadline) {
+		if prepare {
+			if ck, err := checkpoint.Read(n.checkpointPath()); err == nil {
+				for _, c := range ck.Data.Claims {
+					if c != nil && c.State == checkpoint.PrepareStarted {
+						hit = true
+					}
+				}
+			}
+		} else {
+			for _, obj := range in.tr.store.List() {
+				if p := obj.(*v1.Pod); p.Spec.NodeName == n.name && !ended[p.Name] && (p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed) {
+					hit = true
+				}
+			}
+		}
+		if !hit {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	n.killPlugin()
+	if hit {
+		rec.Note = "killed at the moment"
+	} else {
+		rec.Note = "moment not seen within 20s: killed anyway"
+	}
+	time.Sleep(in.between(time.Second, 3*time.Second))
+	return n.startPlugin(ctx)
+}
+
+// deleteNode deletes a node with running pods (the machine is gone: its
+// tessera-node and kubelet die with it). The pod garbage collector removes
+// its pods (force-deleting them here after 90 s if it has not); then a new
+// machine of the same name joins, with empty disks.
+func (in *injector) deleteNode(ctx context.Context, rec *faultRecord) error {
+	n := in.pickNode(true)
+	rec.Target = n.name
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	in.c.nodeFault(n.name, true)
+	defer in.c.nodeFault(n.name, false)
+	n.killPlugin()
+	n.stopKubelet()
+	if err := in.e.kube.CoreV1().Nodes().Delete(ctx, n.name, metav1.DeleteOptions{}); err != nil {
+		return fmt.Errorf("delete node: %w", err)
+	}
+	deadline := time.Now().Add(90 * time.Second)
+	forced := 0
+	for {
+		pods, err := in.e.kube.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + n.name})
+		if err == nil && len(pods.Items) == 0 {
+			break
+		}
+		if time.Now().After(deadline) && err == nil {
+			for _, p := range pods.Items {
+				if err := in.e.kube.CoreV1().Pods(namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err == nil || apierrors.IsNotFound(err) {
+					forced++
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+	rec.Note = fmt.Sprintf("pods force-deleted by the test: %d", forced)
+	if err := n.newDir(); err != nil {
+		return err
+	}
+	n.startKubelet(in.e.kube)
+	return n.startPlugin(ctx)
+}
+
+// records returns the faults injected so far, with their recovery times
+// (until the next gang was fully bound).
+func (in *injector) snapshot() []*faultRecord {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	for _, r := range in.records {
+		if t, ok := in.tr.firstGangBoundAfter(r.end); ok {
+			r.Recovery = t.Sub(r.end).Seconds()
+		}
+	}
+	return append([]*faultRecord(nil), in.records...)
+}
