@@ -174,21 +174,76 @@ func BenchmarkSolve(b *testing.B) {
 }
 
 // BenchmarkSnapshot measures building the snapshot (done once per scheduling cycle),
-// including the kube-scheduler's view of the bound pods, with and without the PodInfo cache
-// the scheduler keeps across cycles.
+// including the kube-scheduler's view of the bound pods: from scratch (snapshot.New, with
+// and without the PodInfo cache the scheduler keeps across cycles), and incrementally
+// (snapshot.Cache.Snapshot, what the scheduler's cycle does) with a few changes per cycle.
 func BenchmarkSnapshot(b *testing.B) {
-	in := cluster(1000, false)
-	b.Run("podinfo-cache", func(b *testing.B) {
-		cache := filters.NewPodInfoCache()
-		b.ReportAllocs()
-		for i := 0; i < b.N; i++ {
-			snapshot.New(in, snapshot.Config{Features: features, PodInfos: cache})
+	for _, nodes := range []int{1000, 5000} {
+		for _, partitionable := range []bool{false, true} {
+			kind := "whole"
+			if partitionable {
+				kind = "partitionable-mig"
+			}
+			in := cluster(nodes, partitionable)
+			b.Run(fmt.Sprintf("nodes=%d/%s/full/podinfo-cache", nodes, kind), func(b *testing.B) {
+				cache := filters.NewPodInfoCache()
+				b.ReportAllocs()
+				for i := 0; i < b.N; i++ {
+					snapshot.New(in, snapshot.Config{Features: features, PodInfos: cache})
+				}
+			})
+			b.Run(fmt.Sprintf("nodes=%d/%s/full/no-cache", nodes, kind), func(b *testing.B) {
+				b.ReportAllocs()
+				for i := 0; i < b.N; i++ {
+					snapshot.New(in, snapshot.Config{Features: features})
+				}
+			})
+			for _, changes := range []int{0, 4} {
+				b.Run(fmt.Sprintf("nodes=%d/%s/incremental/changes=%d", nodes, kind, changes), func(b *testing.B) {
+					benchIncremental(b, in, changes)
+				})
+			}
 		}
-	})
-	b.Run("no-cache", func(b *testing.B) {
-		b.ReportAllocs()
-		for i := 0; i < b.N; i++ {
-			snapshot.New(in, snapshot.Config{Features: features})
+	}
+}
+
+// benchIncremental measures Cache.Snapshot after changes objects changed since the last
+// cycle, as between two cycles of a busy cluster: of each change, a pod bound (a new pod
+// object, its claim allocated: a new claim object) or, every other time, a pod finished
+// (the informer's new object with phase Succeeded). The changes are made off the clock.
+func benchIncremental(b *testing.B, base snapshot.Input, changes int) {
+	in := base
+	in.Pods = append([]*v1.Pod(nil), base.Pods...)
+	in.Claims = append([]*resourceapi.ResourceClaim(nil), base.Claims...)
+	cache := snapshot.NewCache()
+	cfg := snapshot.Config{Features: features, CELCache: snapshot.NewCELCache(features), Cache: cache}
+	cache.Snapshot(in, cfg)
+	serial := 0
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		for c := 0; c < changes; c++ {
+			serial++
+			node := in.Nodes[(serial*37)%len(in.Nodes)].Name
+			if serial%2 == 0 && len(in.Pods) > 0 {
+				j := (serial * 13) % len(in.Pods)
+				p := in.Pods[j].DeepCopy()
+				p.ResourceVersion = fmt.Sprint(serial)
+				p.Status.Phase = v1.PodSucceeded
+				in.Pods[j] = p
+				continue
+			}
+			name := fmt.Sprintf("new-%d", serial)
+			claim := fixture.AllocatedClaim("bench", name, node, "gpu-7")
+			p := fixture.Pod("bench", name, name)
+			p.Spec.NodeName = node
+			p.ResourceVersion = "1"
+			p.Status.Phase = v1.PodRunning
+			in.Pods = append(in.Pods, p)
+			in.Claims = append(in.Claims, claim)
 		}
-	})
+		b.StartTimer()
+		cache.Snapshot(in, cfg)
+	}
 }
