@@ -438,10 +438,11 @@ type Allocation struct {
 // bound). The bound is work, not time, so the same snapshot gives the same answer on any
 // machine under any load.
 func (s *Snapshot) AllocateBounded(ctx context.Context, ni *NodeInfo, extra []resourceapi.AllocationResult, claims []*resourceapi.ResourceClaim, steps int64) ([]resourceapi.AllocationResult, Allocation, error) {
-	state := structured.AllocatedState{
-		AllocatedDevices:         ni.Allocated.AllocatedDevices.Clone(),
-		AllocatedSharedDeviceIDs: ni.Allocated.AllocatedSharedDeviceIDs.Clone(),
-		AggregatedCapacity:       ni.Allocated.AggregatedCapacity.Clone(),
+	// The allocator only reads the state (the kube-scheduler shares one across the nodes it
+	// filters in parallel), so the node's own serves when nothing is added to it.
+	state := ni.Allocated
+	if len(extra) > 0 || len(s.sharedSlices) > 0 {
+		state = cloneAllocated(ni.Allocated)
 	}
 	if len(s.sharedSlices) > 0 {
 		state.AllocatedDevices = state.AllocatedDevices.Union(s.sharedAllocated.AllocatedDevices)
