@@ -252,13 +252,6 @@ func TestIncrementalMatchesFull(t *testing.T) {
 			if g, wa := snapshot.Fingerprint(got, claims), snapshot.Fingerprint(want, claims); g != wa {
 				t.Fatalf("seed %d cycle %d: incremental snapshot differs from the one built from scratch:\n%s", seed, cycle, diff(g, wa))
 			}
-			if prev != nil {
-				if p := snapshot.Fingerprint(prev, prevClaims); p != prevPrint {
-					t.Fatalf("seed %d cycle %d: the previous cycle's snapshot changed:\n%s", seed, cycle, diff(p, prevPrint))
-				}
-			}
-			prevPrint, prevClaims = snapshot.Fingerprint(got, claims), claims
-			prev = got
 			// The cycle places a pod with a device on some node; what it assumes is the
 			// cycle's own.
 			if len(got.Nodes) > 0 {
@@ -277,8 +270,15 @@ func TestIncrementalMatchesFull(t *testing.T) {
 				if g, wa := snapshot.Fingerprint(got, claims), snapshot.Fingerprint(want, claims); g != wa {
 					t.Fatalf("seed %d cycle %d: after Assume, the incremental snapshot differs:\n%s", seed, cycle, diff(g, wa))
 				}
-				prevPrint = snapshot.Fingerprint(got, claims)
 			}
+			// The previous cycle's snapshot (with what it assumed) is as it was, after this
+			// cycle's update and Assume.
+			if prev != nil {
+				if p := snapshot.Fingerprint(prev, prevClaims); p != prevPrint {
+					t.Fatalf("seed %d cycle %d: the previous cycle's snapshot changed:\n%s", seed, cycle, diff(p, prevPrint))
+				}
+			}
+			prev, prevPrint, prevClaims = got, snapshot.Fingerprint(got, claims), claims
 			w.step()
 		}
 	}
