@@ -33,6 +33,11 @@ type View struct {
 	withAffinity, withRequiredAnti, withWide []fwk.NodeInfo
 	// extended maps extended resource names to DeviceClasses (DRA extended resources).
 	extended fwk.DeviceClassResolver
+	// shared: the NodeInfos and pvcRefs belong to the caller of NewSharedView (and to other
+	// views) until this view copies them to change them (shared.go); owned are the nodes
+	// copied so far.
+	shared, pvcShared bool
+	owned             map[string]bool
 }
 
 // SetExtendedResources sets the DeviceClass mapping of extended resources that
@@ -150,11 +155,12 @@ func (v *View) Assume(pod *v1.Pod, node string) error {
 
 // assumeInfo adds a parsed pod to node. The pod's spec.nodeName must be node.
 func (v *View) assumeInfo(info *framework.PodInfo, node string) error {
-	ni := v.byName[node]
+	ni := v.writable(node)
 	if ni == nil {
 		return fmt.Errorf("node %s is not in the view", node)
 	}
 	ni.AddPodInfo(info)
+	v.ownPVCRefs()
 	for key := range framework.PodPVCKeys(info.Pod) {
 		v.pvcRefs[key]++
 	}
@@ -175,9 +181,10 @@ func (v *View) Forget(logger klog.Logger) error {
 	}
 	a := v.assumed[len(v.assumed)-1]
 	v.assumed = v.assumed[:len(v.assumed)-1]
-	if err := v.byName[a.node].RemovePod(logger, a.pod); err != nil {
+	if err := v.writable(a.node).RemovePod(logger, a.pod); err != nil {
 		return fmt.Errorf("forget pod %s: %w", klog.KObj(a.pod), err)
 	}
+	v.ownPVCRefs()
 	for key := range framework.PodPVCKeys(a.pod) {
 		if v.pvcRefs[key]--; v.pvcRefs[key] <= 0 {
 			delete(v.pvcRefs, key)

@@ -70,7 +70,8 @@ func (s *Scheduler) collect(ctx context.Context, now time.Time) decide.Input {
 	classes, _ := f.Resource().V1().DeviceClasses().Lister().List(labels.Everything())
 	pods, claims = s.assumed.overlay(pods, claims)
 	raw := snapshot.Input{Nodes: nodes, Pods: pods, Slices: slices, Claims: claims, Classes: classes}
-	snap := snapshot.New(raw, s.snapshotConfig())
+	// Derived from what changed since the last cycle (decide's what-if snapshots use New).
+	snap := s.snapCache.Snapshot(raw, s.snapshotConfig())
 	var queues []*v1alpha1.Queue
 	for _, obj := range s.queueInf.GetStore().List() {
 		queues = append(queues, s.effects.overlayQueue(obj.(*v1alpha1.Queue)))

@@ -15,6 +15,26 @@ import (
 type Cache struct {
 	mu    sync.Mutex
 	nodes map[string]*nodeDevices
+
+	// incMu serializes Snapshot calls; inc is their state (incremental.go).
+	incMu sync.Mutex
+	inc   *incremental
+}
+
+// Snapshot returns the snapshot that New(in, cfg) builds, derived from what changed since
+// the previous call: the scheduler's snapshot of each cycle. Only that one sequence of
+// inputs should go through it (what-if snapshots — the cluster without some pods, or
+// empty — are built with New: each would make the next cycle derive most of it again).
+// A snapshot it returned stays valid after later calls. cfg.Cache is set to c.
+func (c *Cache) Snapshot(in Input, cfg Config) *Snapshot {
+	c.incMu.Lock()
+	defer c.incMu.Unlock()
+	key := keyOfConfig(cfg)
+	if c.inc == nil || c.inc.key != key {
+		cfg.Cache = c
+		c.inc = newIncremental(key, defaults(cfg))
+	}
+	return c.inc.update(in)
 }
 
 // NewCache returns an empty cache.

@@ -12,6 +12,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
 	resourcehelper "k8s.io/component-helpers/resource"
 	"k8s.io/dynamic-resource-allocation/cel"
@@ -76,6 +77,30 @@ type NodeInfo struct {
 
 	// plainGPUs are the whole-GPU devices that consume no shared counters.
 	plainGPUs []structured.DeviceID
+	// costs are what allocations of the node's GPU-driver devices cost (a device not in
+	// it costs nothing).
+	costs map[structured.DeviceID]contract.Cost
+	// shared: Requested and Allocated belong to the Cache (and to the snapshots of other
+	// cycles) and are copied before the snapshot changes them (own).
+	shared bool
+}
+
+// own copies what the node shares with other snapshots before this one changes it.
+func (n *NodeInfo) own() {
+	if !n.shared {
+		return
+	}
+	n.Requested = n.Requested.DeepCopy()
+	n.Allocated = cloneAllocated(n.Allocated)
+	n.shared = false
+}
+
+func cloneAllocated(a structured.AllocatedState) structured.AllocatedState {
+	return structured.AllocatedState{
+		AllocatedDevices:         a.AllocatedDevices.Clone(),
+		AllocatedSharedDeviceIDs: a.AllocatedSharedDeviceIDs.Clone(),
+		AggregatedCapacity:       a.AggregatedCapacity.Clone(),
+	}
 }
 
 // GPUFree is the node's free capacity in GPU units.
@@ -100,13 +125,6 @@ func (n *NodeInfo) PlainGPUsFree() int {
 
 type poolKey struct{ driver, pool string }
 
-type deviceInfo struct {
-	// cost is what allocations of the device cost in GPU units (zero for devices of drivers
-	// that are not GPU drivers).
-	cost contract.Cost
-	node string
-}
-
 // Snapshot is immutable apart from Assume, which the solver's caller uses to carry a placed
 // gang into the next gang's search within the same cycle.
 type Snapshot struct {
@@ -126,44 +144,34 @@ type Snapshot struct {
 	Pods *filters.View
 
 	sharedSlices    []*resourceapi.ResourceSlice
+	sharedCosts     map[structured.DeviceID]contract.Cost
 	sharedAllocated structured.AllocatedState
+	// sharedOwned: sharedAllocated is this snapshot's own (else the Cache's: copied first).
+	sharedOwned bool
 
+	// poolNode maps a pool to the node that publishes it. Not changed once a snapshot has it.
 	poolNode map[poolKey]string
-	devices  map[structured.DeviceID]*deviceInfo
-	claims   map[string]*resourceapi.ResourceClaim
-	gpuDrv   sets.Set[string]
+	claims   claimIndex
 
 	// pre is the device pre-selection of the nodes evaluated so far (prefilter.go).
 	preMu sync.Mutex
 	pre   map[string]*nodeDevices
 }
 
-// New builds a snapshot. It never fails: objects it cannot interpret are ignored the way the
-// allocator would ignore them.
+// New builds a snapshot from scratch. It never fails: objects it cannot interpret are
+// ignored the way the allocator would ignore them. A scheduler that builds one per cycle
+// uses Cache.Snapshot instead, which derives the same snapshot from what changed.
 func New(in Input, cfg Config) *Snapshot {
-	if len(cfg.GPUDrivers) == 0 {
-		cfg.GPUDrivers = []string{DefaultGPUDriver}
-	}
-	if cfg.CELCache == nil {
-		cfg.CELCache = NewCELCache(cfg.Features)
-	}
-	s := &Snapshot{
-		cfg:             cfg,
-		features:        cfg.Features,
-		celCache:        cfg.CELCache,
-		classes:         newClassLister(in.Classes),
-		byName:          make(map[string]*NodeInfo, len(in.Nodes)),
-		sharedAllocated: newAllocatedState(),
-		poolNode:        make(map[poolKey]string),
-		devices:         make(map[structured.DeviceID]*deviceInfo),
-		claims:          make(map[string]*resourceapi.ResourceClaim, len(in.Claims)),
-		gpuDrv:          sets.New(cfg.GPUDrivers...),
-		pre:             map[string]*nodeDevices{},
-	}
+	cfg = defaults(cfg)
+	s := newSnapshot(in, cfg, len(in.Nodes))
+	s.sharedOwned = true
+	gpuDrv := sets.New(cfg.GPUDrivers...)
 	nodes := append([]*v1.Node(nil), in.Nodes...)
 	sort.Slice(nodes, func(i, j int) bool { return nodes[i].Name < nodes[j].Name })
-	for _, node := range nodes {
-		ni := &NodeInfo{Node: node, Requested: v1.ResourceList{}, Allocated: newAllocatedState()}
+	infos := make([]NodeInfo, len(nodes))
+	for i, node := range nodes {
+		ni := &infos[i]
+		*ni = NodeInfo{Node: node, Requested: v1.ResourceList{}, Allocated: newAllocatedState()}
 		s.Nodes = append(s.Nodes, ni)
 		s.byName[node.Name] = ni
 	}
@@ -180,7 +188,12 @@ func New(in Input, cfg Config) *Snapshot {
 			continue
 		}
 		ni.Slices = append(ni.Slices, slice)
-		s.poolNode[poolKey{slice.Spec.Driver, slice.Spec.Pool.Name}] = nodeName
+		// A pool is one node's (pool names are per node); should two nodes publish the
+		// same pool, the first by name has it, whatever order the informer lists them in.
+		k := poolKey{slice.Spec.Driver, slice.Spec.Pool.Name}
+		if cur, ok := s.poolNode[k]; !ok || nodeName < cur {
+			s.poolNode[k] = nodeName
+		}
 	}
 	if cfg.Cache != nil {
 		cfg.Cache.retain(s.byName)
@@ -188,28 +201,12 @@ func New(in Input, cfg Config) *Snapshot {
 	for _, ni := range s.Nodes {
 		// By name, as the allocator orders them: the same slices give the same list in every
 		// cycle, whatever order the informer lists them in.
-		sort.Slice(ni.Slices, func(i, j int) bool { return ni.Slices[i].Name < ni.Slices[j].Name })
-		s.indexDevices(ni.Name(), ni.Slices)
-		for _, slice := range ni.Slices {
-			if !s.gpuDrv.Has(slice.Spec.Driver) {
-				continue
-			}
-			for i := range slice.Spec.Devices {
-				if d := &slice.Spec.Devices[i]; contract.TypeOf(d) == contract.TypeGPU {
-					ni.GPUTotal++
-					if len(d.ConsumesCounters) == 0 {
-						ni.plainGPUs = append(ni.plainGPUs, structured.MakeDeviceID(slice.Spec.Driver, slice.Spec.Pool.Name, d.Name))
-					}
-				}
-			}
-		}
+		sortSlices(ni.Slices)
+		ni.costs, ni.GPUTotal, ni.plainGPUs = nodeDevicesOf(ni.Slices, gpuDrv)
 	}
-	s.indexDevices("", s.sharedSlices)
+	sortSlices(s.sharedSlices)
+	s.sharedCosts, _, _ = nodeDevicesOf(s.sharedSlices, gpuDrv)
 	s.Pods = filters.NewView(in.Nodes, in.Pods, cfg.PodInfos)
-	s.extended = extendedresourcecache.NewExtendedResourceCache(klog.Background())
-	for _, c := range in.Classes {
-		s.extended.OnAdd(c, true)
-	}
 	s.Pods.SetExtendedResources(s.extended)
 	for _, pod := range in.Pods {
 		if pod.Spec.NodeName == "" || isTerminal(pod) {
@@ -220,13 +217,107 @@ func New(in Input, cfg Config) *Snapshot {
 			ni.Pods++
 		}
 	}
-	for _, claim := range in.Claims {
-		s.claims[claim.Namespace+"/"+claim.Name] = claim
+	// Claims in name order: a node's GPUUsed is a sum of floats, which must not depend on
+	// the order the informer lists the claims in.
+	claims := append([]*resourceapi.ResourceClaim(nil), in.Claims...)
+	sort.Slice(claims, func(i, j int) bool { return claimLess(claims[i], claims[j]) })
+	full := make(map[objKey]*resourceapi.ResourceClaim, len(claims))
+	for _, claim := range claims {
+		full[keyOf(&claim.ObjectMeta)] = claim
 		if claim.Status.Allocation != nil {
 			s.addAllocation(claim.Status.Allocation.Devices.Results)
 		}
 	}
+	s.claims = claimIndex{base: full}
 	return s
+}
+
+func defaults(cfg Config) Config {
+	if len(cfg.GPUDrivers) == 0 {
+		cfg.GPUDrivers = []string{DefaultGPUDriver}
+	}
+	if cfg.CELCache == nil {
+		cfg.CELCache = NewCELCache(cfg.Features)
+	}
+	return cfg
+}
+
+// newSnapshot returns a snapshot with the parts that are built the same way by New and by
+// Cache.Snapshot: the classes and extended resources (a handful of objects, built anew).
+func newSnapshot(in Input, cfg Config, nodes int) *Snapshot {
+	s := &Snapshot{
+		cfg:             cfg,
+		features:        cfg.Features,
+		celCache:        cfg.CELCache,
+		classes:         newClassLister(in.Classes),
+		byName:          make(map[string]*NodeInfo, nodes),
+		sharedAllocated: newAllocatedState(),
+		poolNode:        make(map[poolKey]string),
+		pre:             map[string]*nodeDevices{},
+		Nodes:           make([]*NodeInfo, 0, nodes),
+	}
+	s.extended = extendedresourcecache.NewExtendedResourceCache(klog.Background())
+	for _, c := range in.Classes {
+		s.extended.OnAdd(c, true)
+	}
+	return s
+}
+
+func sortSlices(slices []*resourceapi.ResourceSlice) {
+	sort.Slice(slices, func(i, j int) bool { return slices[i].Name < slices[j].Name })
+}
+
+// nodeDevicesOf derives from one node's slices (sorted) what a device allocation costs in
+// GPU units, the node's GPU capacity and its whole GPUs that consume no shared counters.
+func nodeDevicesOf(slices []*resourceapi.ResourceSlice, gpuDrv sets.Set[string]) (map[structured.DeviceID]contract.Cost, float64, []structured.DeviceID) {
+	var total float64
+	var plain []structured.DeviceID
+	costs := map[structured.DeviceID]contract.Cost{}
+	var byRef map[contract.DeviceRef]contract.Cost
+	for _, slice := range slices {
+		if !gpuDrv.Has(slice.Spec.Driver) {
+			continue
+		}
+		if byRef == nil {
+			byRef = contract.Costs(slices)
+		}
+		for i := range slice.Spec.Devices {
+			d := &slice.Spec.Devices[i]
+			id := structured.MakeDeviceID(slice.Spec.Driver, slice.Spec.Pool.Name, d.Name)
+			costs[id] = byRef[contract.DeviceRef{Driver: slice.Spec.Driver, Pool: slice.Spec.Pool.Name, Device: d.Name}]
+			if contract.TypeOf(d) == contract.TypeGPU {
+				total++
+				if len(d.ConsumesCounters) == 0 {
+					plain = append(plain, id)
+				}
+			}
+		}
+	}
+	return costs, total, plain
+}
+
+type objKey struct{ namespace, name string }
+
+func keyOf(m *metav1.ObjectMeta) objKey { return objKey{m.Namespace, m.Name} }
+
+func claimLess(a, b *resourceapi.ResourceClaim) bool {
+	if a.Namespace != b.Namespace {
+		return a.Namespace < b.Namespace
+	}
+	return a.Name < b.Name
+}
+
+// claimIndex finds claims by namespace/name: base, with delta laid over it (a nil value is
+// a claim deleted since base). Neither map is changed once a snapshot has it.
+type claimIndex struct {
+	base, delta map[objKey]*resourceapi.ResourceClaim
+}
+
+func (c claimIndex) get(k objKey) *resourceapi.ResourceClaim {
+	if cl, ok := c.delta[k]; ok {
+		return cl
+	}
+	return c.base[k]
 }
 
 // NewCELCache returns a CEL cache that compiles with the given allocator features.
@@ -245,22 +336,7 @@ func (s *Snapshot) Node(name string) *NodeInfo { return s.byName[name] }
 
 // Claim returns the claim namespace/name, or nil.
 func (s *Snapshot) Claim(namespace, name string) *resourceapi.ResourceClaim {
-	return s.claims[namespace+"/"+name]
-}
-
-func (s *Snapshot) indexDevices(node string, slices []*resourceapi.ResourceSlice) {
-	costs := contract.Costs(slices)
-	for _, slice := range slices {
-		gpu := s.gpuDrv.Has(slice.Spec.Driver)
-		for i := range slice.Spec.Devices {
-			d := &slice.Spec.Devices[i]
-			info := &deviceInfo{node: node}
-			if gpu {
-				info.cost = costs[contract.DeviceRef{Driver: slice.Spec.Driver, Pool: slice.Spec.Pool.Name, Device: d.Name}]
-			}
-			s.devices[structured.MakeDeviceID(slice.Spec.Driver, slice.Spec.Pool.Name, d.Name)] = info
-		}
-	}
+	return s.claims.get(objKey{namespace, name})
 }
 
 // ResultUnits is the GPU units one device allocation result costs. A share of a device with
@@ -269,11 +345,11 @@ func (s *Snapshot) ResultUnits(r *resourceapi.DeviceRequestAllocationResult) flo
 	if ptr.Deref(r.AdminAccess, false) {
 		return 0
 	}
-	info, ok := s.devices[structured.MakeDeviceID(r.Driver, r.Pool, r.Device)]
-	if !ok {
-		return 0
+	costs := s.sharedCosts
+	if ni := s.byName[s.poolNode[poolKey{r.Driver, r.Pool}]]; ni != nil {
+		costs = ni.costs
 	}
-	return info.cost.Result(r)
+	return costs[structured.MakeDeviceID(r.Driver, r.Pool, r.Device)].Result(r)
 }
 
 // AllocationUnits sums ResultUnits over an allocation.
@@ -295,11 +371,18 @@ func (s *Snapshot) addAllocation(results []resourceapi.DeviceRequestAllocationRe
 			// Admin access does not take the device (same rule as the kube-scheduler).
 			continue
 		}
-		state := &s.sharedAllocated
 		ni := s.byName[s.poolNode[poolKey{r.Driver, r.Pool}]]
+		var state *structured.AllocatedState
 		if ni != nil {
+			ni.own()
 			state = &ni.Allocated
 			ni.GPUUsed += s.ResultUnits(r)
+		} else {
+			if !s.sharedOwned {
+				s.sharedAllocated = cloneAllocated(s.sharedAllocated)
+				s.sharedOwned = true
+			}
+			state = &s.sharedAllocated
 		}
 		addResult(state, r, s.features.ConsumableCapacity)
 	}
@@ -321,6 +404,7 @@ func addResult(state *structured.AllocatedState, r *resourceapi.DeviceRequestAll
 // of the same cycle sees them as taken.
 func (s *Snapshot) Assume(nodeName string, pod *v1.Pod, allocations []*resourceapi.AllocationResult) {
 	if ni := s.byName[nodeName]; ni != nil {
+		ni.own()
 		addList(ni.Requested, PodRequests(pod))
 		ni.Pods++
 		// The node exists, so this cannot fail.
@@ -354,10 +438,11 @@ type Allocation struct {
 // bound). The bound is work, not time, so the same snapshot gives the same answer on any
 // machine under any load.
 func (s *Snapshot) AllocateBounded(ctx context.Context, ni *NodeInfo, extra []resourceapi.AllocationResult, claims []*resourceapi.ResourceClaim, steps int64) ([]resourceapi.AllocationResult, Allocation, error) {
-	state := structured.AllocatedState{
-		AllocatedDevices:         ni.Allocated.AllocatedDevices.Clone(),
-		AllocatedSharedDeviceIDs: ni.Allocated.AllocatedSharedDeviceIDs.Clone(),
-		AggregatedCapacity:       ni.Allocated.AggregatedCapacity.Clone(),
+	// The allocator only reads the state (the kube-scheduler shares one across the nodes it
+	// filters in parallel), so the node's own serves when nothing is added to it.
+	state := ni.Allocated
+	if len(extra) > 0 || len(s.sharedSlices) > 0 {
+		state = cloneAllocated(ni.Allocated)
 	}
 	if len(s.sharedSlices) > 0 {
 		state.AllocatedDevices = state.AllocatedDevices.Union(s.sharedAllocated.AllocatedDevices)

@@ -9,11 +9,13 @@
 package solver
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -283,7 +285,7 @@ type search struct {
 	guardHit   bool
 	// plainFree is, per node index, its free non-partitionable whole GPUs;
 	// preferPlain orders nodes that have some first (see preferPlainGPUs).
-	plainFree   map[int]int
+	plainFree   []int
 	preferPlain bool
 	// requiredLevel names the required topology keys and requiredDomains their domains
 	// with free GPU units (for the message of a gang that fits none).
@@ -568,7 +570,7 @@ func (st *search) preferPlainGPUs() (bool, error) {
 	if st.s.cfg.Spread || len(st.order) == 0 {
 		return false, nil
 	}
-	st.plainFree = map[int]int{}
+	st.plainFree = make([]int, len(st.snap.Nodes))
 	best, bestFree := -1, 0
 	for ni, n := range st.snap.Nodes {
 		free := n.PlainGPUsFree()
@@ -604,28 +606,46 @@ func (st *search) sortNodes(subset []int) []int {
 	} else {
 		subset = append([]int(nil), subset...)
 	}
-	nodes := st.snap.Nodes
+	// The keys are computed once per node, not per comparison. The snapshot's nodes are in
+	// name order, so the index breaks ties as the name does, and the order is total (no
+	// stable sort needed).
+	type nodeKey struct {
+		free  float64
+		plain bool
+		idx   int
+	}
+	keys := make([]nodeKey, len(subset))
+	for i, ni := range subset {
+		keys[i] = nodeKey{free: st.snap.Nodes[ni].GPUFree(), plain: st.preferPlain && st.plainFree[ni] > 0, idx: ni}
+	}
 	spread := st.s.cfg.Spread
-	sort.SliceStable(subset, func(a, b int) bool {
-		na, nb := nodes[subset[a]], nodes[subset[b]]
-		fa, fb := na.GPUFree(), nb.GPUFree()
-		if (fa <= 0) != (fb <= 0) {
-			return fa > 0
+	slices.SortFunc(keys, func(a, b nodeKey) int {
+		if (a.free <= 0) != (b.free <= 0) {
+			return boolFirst(a.free > 0)
 		}
-		if st.preferPlain {
-			if pa, pb := st.plainFree[subset[a]] > 0, st.plainFree[subset[b]] > 0; pa != pb {
-				return pa
-			}
+		if a.plain != b.plain {
+			return boolFirst(a.plain)
 		}
-		if fa != fb {
+		if a.free != b.free {
 			if spread {
-				return fa > fb
+				return boolFirst(a.free > b.free)
 			}
-			return fa < fb
+			return boolFirst(a.free < b.free)
 		}
-		return na.Name() < nb.Name()
+		return cmp.Compare(a.idx, b.idx)
 	})
+	for i := range keys {
+		subset[i] = keys[i].idx
+	}
 	return subset
+}
+
+// boolFirst orders a comparison whose first operand goes first when first is true.
+func boolFirst(first bool) int {
+	if first {
+		return -1
+	}
+	return 1
 }
 
 func (st *search) outOfBudget() bool {

@@ -5,7 +5,12 @@ package bench
 import (
 	"context"
 	"fmt"
+	"os"
+	"runtime"
+	"runtime/pprof"
 	"sort"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -31,6 +36,12 @@ var features = structured.Features{
 // to a bound pod (one GPU, one CPU, 1 GiB each), so the filters see the pods a busy cluster
 // has. Nodes carry a rack label (20 nodes per rack).
 func cluster(nodes int, partitionable bool) snapshot.Input {
+	return clusterWith(nodes, partitionable, 0)
+}
+
+// clusterWith is cluster with each node's bound pods made up to podsPerNode by pods that
+// use no GPU (one CPU, 1 GiB each).
+func clusterWith(nodes int, partitionable bool, podsPerNode int) snapshot.Input {
 	var in snapshot.Input
 	for i := 0; i < nodes; i++ {
 		name := fmt.Sprintf("node-%04d", i)
@@ -56,6 +67,13 @@ func cluster(nodes int, partitionable bool) snapshot.Input {
 		}
 		for d := 0; d < used; d++ {
 			p := fixture.Pod("busy", fmt.Sprintf("p-%s-%d", name, d), "c-"+name)
+			p.Spec.NodeName = name
+			p.ResourceVersion = "1"
+			p.Status.Phase = v1.PodRunning
+			in.Pods = append(in.Pods, p)
+		}
+		for d := used; d < podsPerNode; d++ {
+			p := fixture.Pod("cpu", fmt.Sprintf("p-%s-%d", name, d))
 			p.Spec.NodeName = name
 			p.ResourceVersion = "1"
 			p.Status.Phase = v1.PodRunning
@@ -113,8 +131,8 @@ func (d devices) String() string {
 	return [...]string{"preselected", "preselected-cold", "all"}[d]
 }
 
-func benchSolve(b *testing.B, pods int, partitionable bool, topology []string, plugins []string, dev devices) {
-	in := cluster(1000, partitionable)
+func benchSolve(b *testing.B, nodes, pods int, partitionable bool, topology []string, plugins []string, dev devices) {
+	in := cluster(nodes, partitionable)
 	cfg := snapshot.Config{Features: features, AllDevices: dev == all}
 	snap := snapshot.New(in, cfg)
 	s := solver.New(solver.Config{TopologyKeys: topology, Filters: newFilters(b, plugins)})
@@ -160,35 +178,177 @@ func BenchmarkSolve(b *testing.B) {
 	}{{"upstream", nil}, {"none", []string{}}}
 	for _, v := range variants {
 		for _, pods := range []int{8, 64, 512} {
-			b.Run(fmt.Sprintf("gang=%d/nodes=1000/whole/filters=%s", pods, v.name), func(b *testing.B) { benchSolve(b, pods, false, nil, v.plugins, preselected) })
+			b.Run(fmt.Sprintf("gang=%d/nodes=1000/whole/filters=%s", pods, v.name), func(b *testing.B) { benchSolve(b, 1000, pods, false, nil, v.plugins, preselected) })
 		}
 		// Whole GPUs: pre-selection keeps every device (all match), so this is its overhead.
-		b.Run(fmt.Sprintf("gang=64/nodes=1000/whole-all-devices/filters=%s", v.name), func(b *testing.B) { benchSolve(b, 64, false, nil, v.plugins, all) })
+		b.Run(fmt.Sprintf("gang=64/nodes=1000/whole-all-devices/filters=%s", v.name), func(b *testing.B) { benchSolve(b, 1000, 64, false, nil, v.plugins, all) })
 		for _, pods := range []int{8, 64} {
-			b.Run(fmt.Sprintf("gang=%d/nodes=1000/whole/rack-topology/filters=%s", pods, v.name), func(b *testing.B) { benchSolve(b, pods, false, []string{"rack"}, v.plugins, preselected) })
+			b.Run(fmt.Sprintf("gang=%d/nodes=1000/whole/rack-topology/filters=%s", pods, v.name), func(b *testing.B) { benchSolve(b, 1000, pods, false, []string{"rack"}, v.plugins, preselected) })
 			for _, dev := range []devices{preselected, preselectedCold, all} {
-				b.Run(fmt.Sprintf("gang=%d/nodes=1000/partitionable-mig/filters=%s/devices=%s", pods, v.name, dev), func(b *testing.B) { benchSolve(b, pods, true, nil, v.plugins, dev) })
+				b.Run(fmt.Sprintf("gang=%d/nodes=1000/partitionable-mig/filters=%s/devices=%s", pods, v.name, dev), func(b *testing.B) { benchSolve(b, 1000, pods, true, nil, v.plugins, dev) })
+			}
+		}
+		// 5,000 nodes: the whole-GPU goal, and MIG beside it.
+		b.Run(fmt.Sprintf("gang=64/nodes=5000/whole/filters=%s", v.name), func(b *testing.B) { benchSolve(b, 5000, 64, false, nil, v.plugins, preselected) })
+		b.Run(fmt.Sprintf("gang=64/nodes=5000/partitionable-mig/filters=%s/devices=preselected", v.name), func(b *testing.B) { benchSolve(b, 5000, 64, true, nil, v.plugins, preselected) })
+	}
+}
+
+// BenchmarkSnapshot measures building the snapshot (done once per scheduling cycle),
+// including the kube-scheduler's view of the bound pods: from scratch (snapshot.New, with
+// and without the PodInfo cache the scheduler keeps across cycles), and incrementally
+// (snapshot.Cache.Snapshot, what the scheduler's cycle does) with a few changes per cycle.
+func BenchmarkSnapshot(b *testing.B) {
+	for _, nodes := range []int{1000, 5000} {
+		for _, partitionable := range []bool{false, true} {
+			kind := "whole"
+			if partitionable {
+				kind = "partitionable-mig"
+			}
+			// Built by the first case that runs (a 5,000-node MIG cluster takes seconds), so
+			// that -bench selects what is built.
+			var built *snapshot.Input
+			input := func() snapshot.Input {
+				if built == nil {
+					in := cluster(nodes, partitionable)
+					built = &in
+				}
+				return *built
+			}
+			b.Run(fmt.Sprintf("nodes=%d/%s/full/podinfo-cache", nodes, kind), func(b *testing.B) {
+				in := input()
+				cache := filters.NewPodInfoCache()
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					snapshot.New(in, snapshot.Config{Features: features, PodInfos: cache})
+				}
+			})
+			b.Run(fmt.Sprintf("nodes=%d/%s/full/no-cache", nodes, kind), func(b *testing.B) {
+				in := input()
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					snapshot.New(in, snapshot.Config{Features: features})
+				}
+			})
+			for _, changes := range []int{0, 4} {
+				b.Run(fmt.Sprintf("nodes=%d/%s/incremental/changes=%d", nodes, kind, changes), func(b *testing.B) {
+					benchIncremental(b, input(), changes)
+				})
 			}
 		}
 	}
 }
 
-// BenchmarkSnapshot measures building the snapshot (done once per scheduling cycle),
-// including the kube-scheduler's view of the bound pods, with and without the PodInfo cache
-// the scheduler keeps across cycles.
-func BenchmarkSnapshot(b *testing.B) {
-	in := cluster(1000, false)
-	b.Run("podinfo-cache", func(b *testing.B) {
-		cache := filters.NewPodInfoCache()
-		b.ReportAllocs()
-		for i := 0; i < b.N; i++ {
-			snapshot.New(in, snapshot.Config{Features: features, PodInfos: cache})
+// BenchmarkSchedulerMemory reports what the scheduler's state of a 5,000-node cluster with
+// 40,000 bound pods (8 per node; 8-GPU nodes, GPUs in use as in cluster) costs in memory:
+// the objects (as the informers hold them), two cycles' incremental snapshots, and a
+// 64-pod gang solved on the second. It reports the Go heap in use after a GC (heap-MiB) and
+// the process's peak resident set (VmHWM, rss-peak-MiB; the test binary's, which includes
+// the benchmark harness). The objects are built in-process rather than decoded from an API
+// server, so an informer's indexes and the decoded form's extra fields are not counted.
+func BenchmarkSchedulerMemory(b *testing.B) {
+	for _, partitionable := range []bool{false, true} {
+		kind := "whole"
+		if partitionable {
+			kind = "partitionable-mig"
 		}
-	})
-	b.Run("no-cache", func(b *testing.B) {
-		b.ReportAllocs()
-		for i := 0; i < b.N; i++ {
-			snapshot.New(in, snapshot.Config{Features: features})
+		b.Run(fmt.Sprintf("nodes=5000/pods=40000/%s", kind), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				in := clusterWith(5000, partitionable, 8)
+				cache := snapshot.NewCache()
+				cfg := snapshot.Config{Features: features, CELCache: snapshot.NewCELCache(features), Cache: cache, PodInfos: filters.NewPodInfoCache()}
+				cache.Snapshot(in, cfg)
+				snap := cache.Snapshot(in, cfg)
+				s := solver.New(solver.Config{Filters: newFilters(b, nil)})
+				res, err := s.Solve(context.Background(), snap, gang(64))
+				if err != nil || len(res.Placements) != 64 {
+					b.Fatalf("Solve: %v", err)
+				}
+				runtime.GC()
+				var ms runtime.MemStats
+				runtime.ReadMemStats(&ms)
+				b.ReportMetric(float64(ms.HeapInuse)/(1<<20), "heap-MiB")
+				b.ReportMetric(float64(len(in.Pods)), "pods")
+				if hwm, ok := peakRSS(); ok {
+					b.ReportMetric(float64(hwm)/(1<<20), "rss-peak-MiB")
+				}
+				if path := os.Getenv("BENCH_HEAP_PROFILE"); path != "" {
+					// What holds the heap while the state is alive (-memprofile is written
+					// after it is gone).
+					writeHeapProfile(b, path)
+				}
+				runtime.KeepAlive(snap)
+				runtime.KeepAlive(in)
+			}
+		})
+	}
+}
+
+func writeHeapProfile(b *testing.B, path string) {
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// peakRSS reads the process's peak resident set size (VmHWM) from /proc/self/status.
+func peakRSS() (int64, bool) {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0, false
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			return kb << 10, err == nil
 		}
-	})
+	}
+	return 0, false
+}
+
+// benchIncremental measures Cache.Snapshot after changes objects changed since the last
+// cycle, as between two cycles of a busy cluster: of each change, a pod bound (a new pod
+// object, its claim allocated: a new claim object) or, every other time, a pod finished
+// (the informer's new object with phase Succeeded). The changes are made off the clock.
+func benchIncremental(b *testing.B, base snapshot.Input, changes int) {
+	in := base
+	in.Pods = append([]*v1.Pod(nil), base.Pods...)
+	in.Claims = append([]*resourceapi.ResourceClaim(nil), base.Claims...)
+	cache := snapshot.NewCache()
+	cfg := snapshot.Config{Features: features, CELCache: snapshot.NewCELCache(features), Cache: cache}
+	cache.Snapshot(in, cfg)
+	serial := 0
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		for c := 0; c < changes; c++ {
+			serial++
+			node := in.Nodes[(serial*37)%len(in.Nodes)].Name
+			if serial%2 == 0 && len(in.Pods) > 0 {
+				j := (serial * 13) % len(in.Pods)
+				p := in.Pods[j].DeepCopy()
+				p.ResourceVersion = fmt.Sprint(serial)
+				p.Status.Phase = v1.PodSucceeded
+				in.Pods[j] = p
+				continue
+			}
+			name := fmt.Sprintf("new-%d", serial)
+			claim := fixture.AllocatedClaim("bench", name, node, "gpu-7")
+			p := fixture.Pod("bench", name, name)
+			p.Spec.NodeName = node
+			p.ResourceVersion = "1"
+			p.Status.Phase = v1.PodRunning
+			in.Pods = append(in.Pods, p)
+			in.Claims = append(in.Claims, claim)
+		}
+		b.StartTimer()
+		cache.Snapshot(in, cfg)
+	}
 }
