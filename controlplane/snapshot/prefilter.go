@@ -61,6 +61,13 @@ type nodeDevices struct {
 	restrictable bool
 	// matches per alternative key: one bool per device, slices concatenated.
 	matches map[string][]bool
+	// failed per alternative key: some selector failed to compile or to evaluate on some
+	// device (the match is then set, and the count check of fit.go does not reject).
+	failed map[string]bool
+	// ids and multi of every device (slices concatenated), for the count check; built on
+	// first use.
+	ids   []structured.DeviceID
+	multi []bool
 	// views per claims key.
 	views map[string]*deviceView
 }
@@ -74,7 +81,7 @@ type deviceView struct {
 }
 
 func newNodeDevices(slices []*resourceapi.ResourceSlice, features structured.Features) *nodeDevices {
-	nd := &nodeDevices{slices: slices, features: features, matches: map[string][]bool{}, views: map[string]*deviceView{}}
+	nd := &nodeDevices{slices: slices, features: features, matches: map[string][]bool{}, failed: map[string]bool{}, views: map[string]*deviceView{}}
 	nd.restrictable = !features.CompatibilityGroups && !features.DerivedAttributes && poolsValid(slices)
 	return nd
 }
@@ -140,34 +147,14 @@ func (s *Snapshot) alternatives(claims []*resourceapi.ResourceClaim) (alts []alt
 	var kb strings.Builder
 	seen := map[string]bool{}
 	add := func(class string, selectors []resourceapi.DeviceSelector) bool {
-		c, err := s.classes.Get(class)
-		if err != nil {
+		a, ok := s.alternativeFor(class, selectors)
+		if !ok {
 			return false
 		}
-		var exprs []string
-		var b strings.Builder
-		b.WriteString(class)
-		for _, sel := range c.Spec.Selectors {
-			if sel.CEL == nil {
-				continue
-			}
-			exprs = append(exprs, sel.CEL.Expression)
-			b.WriteByte(0)
-			b.WriteString(sel.CEL.Expression)
-		}
-		for _, sel := range selectors {
-			if sel.CEL == nil {
-				continue
-			}
-			exprs = append(exprs, sel.CEL.Expression)
-			b.WriteByte(0)
-			b.WriteString(sel.CEL.Expression)
-		}
-		k := b.String()
-		if !seen[k] {
-			seen[k] = true
-			alts = append(alts, alternative{key: k, exprs: exprs})
-			kb.WriteString(k)
+		if !seen[a.key] {
+			seen[a.key] = true
+			alts = append(alts, a)
+			kb.WriteString(a.key)
 			kb.WriteByte(1)
 		}
 		return true
@@ -188,6 +175,35 @@ func (s *Snapshot) alternatives(claims []*resourceapi.ResourceClaim) (alts []alt
 		}
 	}
 	return alts, kb.String(), true
+}
+
+// alternativeFor is the alternative of one request or subrequest: its class's selectors and
+// its own; ok is false when the class is missing.
+func (s *Snapshot) alternativeFor(class string, selectors []resourceapi.DeviceSelector) (alternative, bool) {
+	c, err := s.classes.Get(class)
+	if err != nil {
+		return alternative{}, false
+	}
+	var exprs []string
+	var b strings.Builder
+	b.WriteString(class)
+	for _, sel := range c.Spec.Selectors {
+		if sel.CEL == nil {
+			continue
+		}
+		exprs = append(exprs, sel.CEL.Expression)
+		b.WriteByte(0)
+		b.WriteString(sel.CEL.Expression)
+	}
+	for _, sel := range selectors {
+		if sel.CEL == nil {
+			continue
+		}
+		exprs = append(exprs, sel.CEL.Expression)
+		b.WriteByte(0)
+		b.WriteString(sel.CEL.Expression)
+	}
+	return alternative{key: b.String(), exprs: exprs}, true
 }
 
 // devicesFor returns the node's entry, from the cross-cycle cache when its slices are the
@@ -231,6 +247,7 @@ func (s *Snapshot) restrictedSlices(ctx context.Context, ni *NodeInfo, state *st
 			// the views of the shapes seen recently, not of every shape ever seen.
 			nd.views = map[string]*deviceView{}
 			nd.matches = map[string][]bool{}
+			nd.failed = map[string]bool{}
 		}
 		view = nd.buildView(ctx, s.celCache, alts)
 		nd.views[key] = view
@@ -294,11 +311,7 @@ func (nd *nodeDevices) buildView(ctx context.Context, cache *cel.Cache, alts []a
 	}
 	keep := make([]bool, n)
 	for _, a := range alts {
-		m := nd.matches[a.key]
-		if m == nil {
-			m = evaluate(ctx, cache, nd.slices, a, n)
-			nd.matches[a.key] = m
-		}
+		m := nd.matchesOf(ctx, cache, a, n)
 		for i, ok := range m {
 			keep[i] = keep[i] || ok
 		}
@@ -328,8 +341,8 @@ func (nd *nodeDevices) buildView(ctx context.Context, cache *cel.Cache, alts []a
 // evaluate runs one alternative's selectors on every device the way the allocator does
 // (cel.Device with the driver, allow-multiple flag, attributes and capacity). A compile or
 // runtime error counts as a match: the allocator must see the device to report the error.
-func evaluate(ctx context.Context, cache *cel.Cache, slices []*resourceapi.ResourceSlice, a alternative, n int) []bool {
-	out := make([]bool, n)
+func evaluate(ctx context.Context, cache *cel.Cache, slices []*resourceapi.ResourceSlice, a alternative, n int) (out []bool, failed bool) {
+	out = make([]bool, n)
 	compiled := make([]cel.CompilationResult, len(a.exprs))
 	for i, e := range a.exprs {
 		compiled[i] = cache.GetOrCompile(e)
@@ -337,7 +350,7 @@ func evaluate(ctx context.Context, cache *cel.Cache, slices []*resourceapi.Resou
 			for j := range out {
 				out[j] = true
 			}
-			return out
+			return out, true
 		}
 	}
 	pos := 0
@@ -348,7 +361,7 @@ func evaluate(ctx context.Context, cache *cel.Cache, slices []*resourceapi.Resou
 			for _, c := range compiled {
 				ok, _, err := c.DeviceMatches(ctx, cel.Device{Driver: sl.Spec.Driver, AllowMultipleAllocations: d.AllowMultipleAllocations, Attributes: d.Attributes, Capacity: d.Capacity})
 				if err != nil {
-					match = true
+					match, failed = true, true
 					break
 				}
 				if !ok {
@@ -360,7 +373,7 @@ func evaluate(ctx context.Context, cache *cel.Cache, slices []*resourceapi.Resou
 			pos++
 		}
 	}
-	return out
+	return out, failed
 }
 
 // restrict returns copies of the slices that hold only the devices marked in keep (in their

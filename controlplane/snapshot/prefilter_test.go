@@ -67,7 +67,7 @@ func classesWithAny() []*resourceapi.DeviceClass {
 func TestPreselectionSameAllocation(t *testing.T) {
 	ctx := context.Background()
 	r := rand.New(rand.NewSource(1))
-	var fits, noFit, failed, restricted, networked int
+	var fits, noFit, failed, restricted, networked, rejected int
 	for round := 0; round < 300; round++ {
 		node := fmt.Sprintf("n%d", round)
 		in := Input{Nodes: []*v1.Node{fixture.Node(node, nil)}, Classes: classesWithAny()}
@@ -125,9 +125,23 @@ func TestPreselectionSameAllocation(t *testing.T) {
 		}
 		on := New(in, Config{Features: allFeatures})
 		off := New(in, Config{Features: allFeatures, AllDevices: true})
+		// base: neither pre-selection nor the count check (fit.go), the allocator alone.
+		base := New(in, Config{Features: allFeatures, AllDevices: true, NoFitCheck: true})
 		for try := 0; try < 2; try++ { // the second call reuses the pre-selection
 			want, wa, werr := off.AllocateBounded(ctx, off.Node(node), extra, claims, 0)
 			got, ga, gerr := on.AllocateBounded(ctx, on.Node(node), extra, claims, 0)
+			bres, ba, berr := base.AllocateBounded(ctx, base.Node(node), extra, claims, 0)
+			if fmt.Sprint(berr) != fmt.Sprint(gerr) || !reflect.DeepEqual(bres, got) {
+				t.Fatalf("round %d: with the count check %+v, %v; the allocator alone %+v, %v", round, got, gerr, bres, berr)
+			}
+			if ga.Rejected {
+				if try == 0 {
+					rejected++
+				}
+				if ba.Exhausted || ba.Rejected || bres != nil || berr != nil {
+					t.Fatalf("round %d: rejected where the allocator alone gives %+v, %+v, %v", round, ba, bres, berr)
+				}
+			}
 			if fmt.Sprint(werr) != fmt.Sprint(gerr) {
 				t.Fatalf("round %d: error %v with pre-selection, %v without", round, gerr, werr)
 			}
@@ -153,8 +167,8 @@ func TestPreselectionSameAllocation(t *testing.T) {
 		}
 	}
 	// The cases must all occur, or the comparison proves little.
-	t.Logf("%d fit, %d do not, %d errors; %d with fewer devices shown, %d with network-attached GPUs", fits, noFit, failed, restricted, networked)
-	if fits < 30 || noFit < 30 || failed < 5 || restricted < 100 || networked < 30 {
+	t.Logf("%d fit, %d do not (%d of them rejected by the count check), %d errors; %d with fewer devices shown, %d with network-attached GPUs", fits, noFit, rejected, failed, restricted, networked)
+	if fits < 30 || noFit < 30 || failed < 5 || restricted < 100 || networked < 30 || rejected < 10 || rejected == noFit {
 		t.Errorf("too few cases of some kind: %d fit, %d do not, %d errors, %d restricted", fits, noFit, failed, restricted)
 	}
 }

@@ -49,6 +49,11 @@ type Config struct {
 	// ones (prefilter.go): the path before pre-selection, kept so that benchmarks and
 	// equivalence tests can compare both in one run. The decisions are the same.
 	AllDevices bool
+	// NoFitCheck turns off the count check that rejects a node before the allocator runs
+	// when it has too few free matching devices (fit.go): kept so that benchmarks and
+	// equivalence tests can compare both in one run. The decisions are the same; only the
+	// allocator steps taken differ.
+	NoFitCheck bool
 }
 
 // Input is the raw state a snapshot is built from (informer listers, plus the scheduler's
@@ -429,6 +434,9 @@ func (s *Snapshot) AllocateOnNode(ctx context.Context, ni *NodeInfo, extra []res
 type Allocation struct {
 	// Steps the allocator took (its search steps: one per device tried for a request).
 	Steps int64
+	// Rejected is set when the count check (fit.go) found too few free devices and the
+	// allocator was not run; the result is then nil ("does not fit") and Steps 0.
+	Rejected bool
 	// Exhausted is set when the step budget ran out before the allocator decided; the
 	// result is then nil ("not found within the budget").
 	Exhausted bool
@@ -455,6 +463,9 @@ func (s *Snapshot) AllocateBounded(ctx context.Context, ni *NodeInfo, extra []re
 		for j := range extra[i].Devices.Results {
 			addResult(&state, &extra[i].Devices.Results[j], s.features.ConsumableCapacity)
 		}
+	}
+	if s.cannotFit(ctx, ni, &state, claims) {
+		return nil, Allocation{Rejected: true}, nil
 	}
 	slices := s.restrictedSlices(ctx, ni, &state, extra, claims)
 	if len(s.sharedSlices) > 0 {

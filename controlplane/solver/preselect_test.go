@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand"
+	"strings"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -40,7 +41,16 @@ func TestPreselectionSameDecisions(t *testing.T) {
 		}
 		return out
 	}
+	// withoutSteps drops the step count: the count check (snapshot.Config NoFitCheck) spares
+	// allocator calls, so it takes fewer steps for the same decision.
+	withoutSteps := func(out string) string {
+		if i := strings.Index(out, ":"); i >= 0 && strings.HasPrefix(out, "tries=") {
+			return out[i:]
+		}
+		return out
+	}
 	placed, failed := 0, 0
+	var checkedSteps, baseSteps int64
 	for iter := 0; iter < 80; iter++ {
 		c := &cluster{}
 		for n := 0; n < 1+rng.Intn(6); n++ {
@@ -77,8 +87,17 @@ func TestPreselectionSameDecisions(t *testing.T) {
 			render(cycle1, g)
 		}
 		cycle2 := snapshot.New(c.in, snapshot.Config{Features: allFeatures, Cache: cache})
+		base := snapshot.New(c.in, snapshot.Config{Features: allFeatures, AllDevices: true, NoFitCheck: true})
 		for gi, g := range gangs {
 			want := render(all, g)
+			if b := render(base, g); withoutSteps(b) != withoutSteps(want) {
+				t.Fatalf("iteration %d gang %d, count check:\n%s\nallocator alone:\n%s", iter, gi, want, b)
+			}
+			if r1, err := s.Solve(ctx, all, g); err == nil {
+				r2, _ := s.Solve(ctx, base, g)
+				checkedSteps += r1.Steps
+				baseSteps += r2.Steps
+			}
 			for name, snap := range map[string]*snapshot.Snapshot{"fresh": fresh, "next cycle": cycle2} {
 				if got := render(snap, g); got != want {
 					t.Fatalf("iteration %d gang %d, pre-selection %s:\n%s\nall devices:\n%s", iter, gi, name, got, want)
@@ -91,7 +110,7 @@ func TestPreselectionSameDecisions(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d gangs placed and %d unschedulable, the same with and without pre-selection", placed, failed)
+	t.Logf("%d gangs placed and %d unschedulable, the same with and without pre-selection and the count check; placed gangs took %d allocator steps with the check, %d without", placed, failed, checkedSteps, baseSteps)
 	if placed < 30 || failed < 10 {
 		t.Fatalf("the random cases should include both outcomes: %d placed, %d unschedulable", placed, failed)
 	}
