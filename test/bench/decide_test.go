@@ -41,14 +41,19 @@ import (
 // across cycles, so that the caches are as warm as in a running scheduler). Each iteration
 // builds the cycle's snapshot (not timed, as the scheduler builds it before Decide) and times
 // Decide with fresh memory, so that every iteration chooses victims. Reports p50/p99 per
-// cycle and victim sets simulated per cycle.
+// cycle and victim sets simulated per cycle, each with the snapshot's count check (fit.go) on
+// and off.
 func BenchmarkDecidePreemption(b *testing.B) {
 	for _, shape := range []string{"preemption", "reclaim", "consolidation"} {
-		b.Run(shape, func(b *testing.B) { benchDecide(b, shape) })
+		// fit-check=off: snapshot.Config NoFitCheck, the allocator runs on every node the
+		// search reaches (the path before the count check, for comparison in one run).
+		for _, check := range []bool{true, false} {
+			b.Run(fmt.Sprintf("%s/fit-check=%s", shape, map[bool]string{true: "on", false: "off"}[check]), func(b *testing.B) { benchDecide(b, shape, !check) })
+		}
 	}
 }
 
-func benchDecide(b *testing.B, shape string) {
+func benchDecide(b *testing.B, shape string, noFitCheck bool) {
 	const nodes, running, waiting = 1000, 500, 50
 	var raw snapshot.Input
 	newQueue := func(name, quota string) *v1alpha1.Queue {
@@ -126,7 +131,7 @@ func benchDecide(b *testing.B, shape string) {
 	}
 	raw.Classes = fixture.DeviceClasses()
 	// As the scheduler configures its snapshots (controlplane/scheduler snapshotConfig).
-	snapCfg := snapshot.Config{Features: features, CELCache: snapshot.NewCELCache(features), PodInfos: filters.NewPodInfoCache(), Cache: snapshot.NewCache()}
+	snapCfg := snapshot.Config{Features: features, CELCache: snapshot.NewCELCache(features), PodInfos: filters.NewPodInfoCache(), Cache: snapshot.NewCache(), NoFitCheck: noFitCheck}
 	cfg := decide.Config{Solver: solver.New(solver.Config{TopologyKeys: []string{"rack"}, Filters: newFilters(b, nil)}), Snapshot: snapCfg}
 	ctx := klog.NewContext(context.Background(), logr.Discard())
 	want := map[string]int{"preemption": 2, "reclaim": 2, "consolidation": 8}[shape]
