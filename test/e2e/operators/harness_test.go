@@ -431,6 +431,9 @@ func (h *harness) checkClaims(ctx context.Context, pods []podInfo) error {
 				return fmt.Errorf("pod %s is bound but its claim %s has no ResourceClaim", p.pod.Name, st.Name)
 			}
 			c, err := h.client.ResourceV1().ResourceClaims(h.ns).Get(ctx, *st.ResourceClaimName, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) && h.podEnded(ctx, p.pod) {
+				continue // it ended after it was listed, and its claim was deleted since
+			}
 			if err != nil {
 				return fmt.Errorf("claim of bound pod %s: %w", p.pod.Name, err)
 			}
