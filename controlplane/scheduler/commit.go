@@ -70,6 +70,11 @@ type commitResult struct {
 	// rolledBack: the binding failed part-way and the bound pods were deleted.
 	rolledBack bool
 	deleted    []*v1.Pod
+	// unreleased are claims the commit wrote (allocated, reserved) whose undo failed: they
+	// stay allocated in the API, so the caller keeps them assumed as written until the
+	// informers show it (forgetting them would let the next cycle see an informer's older
+	// copy without the allocation and hand the same devices out again).
+	unreleased []*resourceapi.ResourceClaim
 }
 
 // completionWindow is how long failed bindings of a partly bound gang are retried.
@@ -168,8 +173,7 @@ func (c *committer) commit(ctx context.Context, p *decide.Placement) (*commitRes
 		return nil, crashed
 	}
 	if err != nil {
-		c.undo(ctx, writes, nil)
-		return nil, fmt.Errorf("write claims: %w", err)
+		return &commitResult{unreleased: c.undo(ctx, writes, nil)}, fmt.Errorf("write claims: %w", err)
 	}
 	for _, w := range writes {
 		out.claims = append(out.claims, w.written)
@@ -179,16 +183,14 @@ func (c *committer) commit(ctx context.Context, p *decide.Placement) (*commitRes
 		pl := &res.Placements[i]
 		if cl := extended[pl.Pod.UID]; cl != nil {
 			if err := c.patchExtendedStatus(ctx, pl.Pod, cl, pl.Extended.Mappings); err != nil {
-				c.undo(ctx, writes, nil)
-				return nil, err
+				return &commitResult{unreleased: c.undo(ctx, writes, nil)}, err
 			}
 		}
 	}
 	// Volumes: the volume binder's PreBind for every pod that has volumes to bind, in
 	// parallel; it waits until the PV controller has bound them.
 	if err := c.bindVolumes(ctx, res); err != nil {
-		c.undo(ctx, writes, nil)
-		return nil, err
+		return &commitResult{unreleased: c.undo(ctx, writes, nil)}, err
 	}
 	// Bind; complete a partial binding within one period, else roll it back.
 	bound, bindErr := c.bindAll(ctx, res)
@@ -217,7 +219,7 @@ func (c *committer) commit(ctx context.Context, p *decide.Placement) (*commitRes
 		boundSet = nil
 	}
 	logger.Info("Binding failed, undoing claims of unbound pods", "err", bindErr, "bound", len(bound), "pods", len(res.Placements))
-	c.undo(ctx, writes, boundSet)
+	out.unreleased = c.undo(ctx, writes, boundSet)
 	return out, bindErr
 }
 
@@ -478,8 +480,9 @@ func (c *committer) writeClaim(ctx context.Context, w *claimWrite) (*resourceapi
 }
 
 // undo releases what the commit wrote for pods that are not bound: their reservedFor entries,
-// the allocation when no consumer remains, and the claims it created.
-func (c *committer) undo(ctx context.Context, writes []*claimWrite, bound map[*v1.Pod]bool) {
+// the allocation when no consumer remains, and the claims it created. It returns the claims
+// it wrote and could not release, as written.
+func (c *committer) undo(ctx context.Context, writes []*claimWrite, bound map[*v1.Pod]bool) (unreleased []*resourceapi.ResourceClaim) {
 	logger := klog.FromContext(ctx)
 	// Undo only releases what this commit wrote for pods that are not bound, which is safe
 	// even after the scheduler was told to stop; finish it rather than leave it to recovery.
@@ -497,8 +500,12 @@ func (c *committer) undo(ctx context.Context, writes []*claimWrite, bound map[*v
 			return r.UID == w.consumer.UID
 		}); err != nil {
 			logger.Error(err, "Undo of claim write failed; it is retried when the scheduler rebuilds its state", "claim", klog.KObj(w.claim))
+			if w.written != nil {
+				unreleased = append(unreleased, w.written)
+			}
 		}
 	}
+	return unreleased
 }
 
 // deleteClaim removes a claim this commit created, finalizer first.

@@ -349,6 +349,12 @@ func (e *effects) commitGang(ctx context.Context, p *decide.Placement) {
 			bound = nil // deleted: nothing of the gang stays
 		}
 		e.forget(p, bound)
+		if out != nil {
+			// What the undo could not release is still allocated in the API.
+			for _, c := range out.unreleased {
+				s.assumed.assumeClaim(c, false)
+			}
+		}
 		s.recorder.Eventf(p.PodGroup, v1.EventTypeWarning, v1alpha1.ReasonCommitFailed, "commit failed and was undone: %v", err)
 		s.mu.Lock()
 		s.memory.CommitFailed(p.Key, err.Error(), s.clock.Now(), s.decideCfg)
