@@ -28,6 +28,12 @@ import (
 //	instances <gpu>          lists the GPU's MIG instances (GPU.Instances),
 //	                         answered "ok" and one "<profile>@<start>(gi<ID>/ci<ID>)"
 //	                         per instance, space separated (QueryControl)
+//	hold <method>            a crash point: the method's calls (a MIG create
+//	                         or destroy, see hold.go) park at their entry, on
+//	                         every GPU, until release or until the process dies
+//	held <method>            how many of its calls are parked now, answered
+//	                         "ok <n>" and the GPUs' UUIDs, space separated
+//	release <method>         disarms the hold; parked calls go on
 //
 // <gpu> is an index or a UUID. The socket goes when the machine shuts down
 // (its last Shutdown).
@@ -77,6 +83,9 @@ func (m *Mock) control1(f []string) (string, error) {
 	if len(f) < 2 {
 		return "", fmt.Errorf("want <command> <gpu> [argument], got %q", strings.Join(f, " "))
 	}
+	if f[0] == "hold" || f[0] == "held" || f[0] == "release" {
+		return m.controlHold(f)
+	}
 	uuid, err := m.gpuRef(f[1])
 	if err != nil {
 		return "", err
@@ -105,7 +114,7 @@ func (m *Mock) control1(f []string) (string, error) {
 		}
 		return strings.Join(out, " "), nil
 	}
-	return "", fmt.Errorf("unknown command %q (known: xid <gpu> <n>, ecc <gpu> single|double, lost <gpu>, back <gpu>, instances <gpu>)", strings.Join(f, " "))
+	return "", fmt.Errorf("unknown command %q (known: xid <gpu> <n>, ecc <gpu> single|double, lost <gpu>, back <gpu>, instances <gpu>, hold|held|release <method>)", strings.Join(f, " "))
 }
 
 // gpuRef resolves a GPU index or UUID.

@@ -69,7 +69,8 @@ type Mock struct {
 	eventSets map[*eventSet]struct{}
 	faults    []*fault
 	root      *driverRoot
-	control   []net.Listener // ServeControl's sockets (tests only)
+	control   []net.Listener       // ServeControl's sockets (tests only)
+	holds     map[string]*callHold // armed holds by method (tests only, hold.go)
 }
 
 var _ nvml.Interface = (*Mock)(nil)
@@ -242,6 +243,7 @@ func (m *Mock) setInterfaceFuncs() {
 		}
 		if m.inits == 0 {
 			m.closeControlLocked()
+			m.releaseAllLocked()
 		}
 		return nvml.SUCCESS
 	}
@@ -760,6 +762,7 @@ func (g *GPU) countLocked(p *Profile) int {
 }
 
 func (g *GPU) CreateGpuInstanceWithPlacement(info *nvml.GpuInstanceProfileInfo, pl *nvml.GpuInstancePlacement) (nvml.GpuInstance, nvml.Return) {
+	g.m.park(g, "CreateGpuInstanceWithPlacement")
 	defer g.lock()()
 	if ret := g.check(); ret != nvml.SUCCESS {
 		return nil, ret
@@ -783,6 +786,7 @@ func (g *GPU) CreateGpuInstanceWithPlacement(info *nvml.GpuInstanceProfileInfo, 
 // CreateGpuInstance places the instance at the first free placement (the
 // driver's choice; tessera always passes a placement).
 func (g *GPU) CreateGpuInstance(info *nvml.GpuInstanceProfileInfo) (nvml.GpuInstance, nvml.Return) {
+	g.m.park(g, "CreateGpuInstance")
 	defer g.lock()()
 	if ret := g.check(); ret != nvml.SUCCESS {
 		return nil, ret
@@ -964,6 +968,7 @@ func (gi *GpuInstance) ciFreeLocked(c computeProfile, pl nvml.ComputeInstancePla
 }
 
 func (gi *GpuInstance) CreateComputeInstance(info *nvml.ComputeInstanceProfileInfo) (nvml.ComputeInstance, nvml.Return) {
+	gi.gpu.m.park(gi.gpu, "CreateComputeInstance")
 	defer gi.lock()()
 	if ret := gi.alive(); ret != nvml.SUCCESS {
 		return nil, ret
@@ -1070,6 +1075,7 @@ func (gi *GpuInstance) GetComputeInstanceRemainingCapacity(info *nvml.ComputeIns
 
 // Destroy removes the GPU instance; one with compute instances is in use.
 func (gi *GpuInstance) Destroy() nvml.Return {
+	gi.gpu.m.park(gi.gpu, "DestroyGpuInstance")
 	defer gi.lock()()
 	if ret := gi.alive(); ret != nvml.SUCCESS {
 		return ret
@@ -1100,6 +1106,7 @@ func (ci *ComputeInstance) GetInfo() (nvml.ComputeInstanceInfo, nvml.Return) {
 }
 
 func (ci *ComputeInstance) Destroy() nvml.Return {
+	ci.gi.gpu.m.park(ci.gi.gpu, "DestroyComputeInstance")
 	defer ci.gi.lock()()
 	if ci.gi.gpu.lost {
 		return nvml.ERROR_GPU_IS_LOST

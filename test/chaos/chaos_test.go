@@ -58,7 +58,10 @@ func configFromEnv(t *testing.T) config {
 	}
 	return config{
 		duration: d, seed: seed,
-		maxWaiting: 24, minRun: 3 * time.Second, maxRun: 20 * time.Second, cancelAfter: 90 * time.Second,
+		// Short runs keep GPUs turning over (more gangs, prepares and
+		// unprepares per minute) while 24 waiting gangs keep every queue
+		// asking without wedging the scheduler.
+		maxWaiting: 24, minRun: time.Second, maxRun: 8 * time.Second, cancelAfter: 90 * time.Second,
 		// A 16-pod commit under injected latency (up to 2 s per request)
 		// plus a Lease expiry (8 s) and a new leader's start on a loaded
 		// 2-core machine stay well inside a minute; 90 s leaves room.
@@ -250,6 +253,8 @@ type report struct {
 	Duration       string            `json:"duration"`
 	Drain          string            `json:"drain"`
 	Operations     int64             `json:"operations"`
+	APIWrites      int64             `json:"apiWrites"`
+	PodsSucceeded  int64             `json:"podsSucceeded"`
 	FailedOps      int64             `json:"failedOperations"`
 	GangsCreated   int64             `json:"gangsCreated"`
 	GangsBound     int               `json:"gangsBound"`
@@ -261,6 +266,7 @@ type report struct {
 	BindsPerMinute []int             `json:"bindsPerMinute"`
 	Faults         map[string]int    `json:"faultsPerKind"`
 	Recovery       map[string]string `json:"recoveryP50P99"`
+	Landed         map[string]string `json:"landedWhereMeant"`
 	FaultLog       []*faultRecord    `json:"faultLog"`
 	Proxy          map[string]int64  `json:"proxyInjected"`
 	Invariants     map[string]int    `json:"invariants"`
@@ -277,10 +283,10 @@ func buildReport(e *env, cfg config, gen *loadGen, tr *tracker, chk *checker, in
 		Command:  fmt.Sprintf("make chaos CHAOS_DURATION=%s CHAOS_SEED=%d", cfg.duration, cfg.seed),
 		Seed:     cfg.seed,
 		Duration: end.Sub(start).Round(time.Second).String(), Drain: drained.Round(time.Second).String(),
-		Operations: gen.ops.Load(), FailedOps: gen.failedOps.Load(),
+		APIWrites: gen.ops.Load(), FailedOps: gen.failedOps.Load(),
 		GangsCreated: gen.gangsCreated.Load(), GangsCompleted: gen.gangsDone.Load(), GangsCancelled: gen.cancelled.Load(),
 		PodsCreated: gen.podsCreated.Load(), QuotaEdits: gen.quotaEdits.Load(),
-		Faults: map[string]int{}, Recovery: map[string]string{}, Invariants: counts, Checks: checks, Violations: details,
+		Faults: map[string]int{}, Recovery: map[string]string{}, Landed: map[string]string{}, Invariants: counts, Checks: checks, Violations: details,
 		Proxy: map[string]int64{"429": e.proxy.tooMany.Load(), "500": e.proxy.internal.Load(), "409": e.proxy.conflict.Load(),
 			"slow": e.proxy.slow.Load(), "watches dropped": e.proxy.droppedWatches.Load()},
 		Periods: map[string]string{"gang partly bound": cfg.period.String(), "checkpoint/kubelet grace": cfg.grace.String(),
@@ -291,6 +297,8 @@ func buildReport(e *env, cfg config, gen *loadGen, tr *tracker, chk *checker, in
 	}
 	tr.mu.Lock()
 	r.GangsBound = len(tr.gangBound)
+	r.PodsSucceeded = int64(tr.completions)
+	r.Operations = r.APIWrites + r.PodsSucceeded
 	r.PodsBound = len(tr.binds)
 	for _, b := range tr.binds {
 		if b.Before(start) || b.After(end) {
@@ -305,11 +313,21 @@ func buildReport(e *env, cfg config, gen *loadGen, tr *tracker, chk *checker, in
 	tr.mu.Unlock()
 	r.FaultLog = inj.snapshot()
 	rec := map[string][]float64{}
+	landed, aimed := map[string]int{}, map[string]int{}
 	for _, f := range r.FaultLog {
 		r.Faults[f.Kind]++
+		if f.Landed != nil {
+			aimed[f.Kind]++
+			if *f.Landed {
+				landed[f.Kind]++
+			}
+		}
 		if f.Recovery >= 0 {
 			rec[f.Kind] = append(rec[f.Kind], f.Recovery)
 		}
+	}
+	for kind, n := range aimed {
+		r.Landed[kind] = fmt.Sprintf("%d of %d", landed[kind], n)
 	}
 	for kind, v := range rec {
 		sort.Float64s(v)
@@ -332,12 +350,12 @@ func quantile(sorted []float64, q float64) float64 {
 func (r *report) print(t *testing.T) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n=== chaos run report ===\n%s\nrun %s, drain %s; %s\n", r.Command, r.Duration, r.Drain, r.Load)
-	fmt.Fprintf(&b, "operations: %d (failed %d); gangs created %d, fully bound %d, completed %d, cancelled %d; pods created %d, bound %d; quota edits %d\n",
-		r.Operations, r.FailedOps, r.GangsCreated, r.GangsBound, r.GangsCompleted, r.GangsCancelled, r.PodsCreated, r.PodsBound, r.QuotaEdits)
+	fmt.Fprintf(&b, "operations: %d (API writes %d, failed %d; pods run to completion %d); gangs created %d, fully bound %d, completed %d, cancelled %d; pods created %d, bound %d; quota edits %d\n",
+		r.Operations, r.APIWrites, r.FailedOps, r.PodsSucceeded, r.GangsCreated, r.GangsBound, r.GangsCompleted, r.GangsCancelled, r.PodsCreated, r.PodsBound, r.QuotaEdits)
 	fmt.Fprintf(&b, "pods bound per minute: %v\n", r.BindsPerMinute)
-	fmt.Fprintf(&b, "faults (count, recovery p50/p99 until the next gang is bound):\n")
+	fmt.Fprintf(&b, "faults (count, recovery p50/p99 until the next gang is bound, kills landed where meant):\n")
 	for _, k := range faultKinds {
-		fmt.Fprintf(&b, "  %-75s %3d  %s\n", k, r.Faults[k], r.Recovery[k])
+		fmt.Fprintf(&b, "  %-75s %3d  %s  %s\n", k, r.Faults[k], r.Recovery[k], r.Landed[k])
 	}
 	fmt.Fprintf(&b, "proxy injected: %v\n", r.Proxy)
 	fmt.Fprintf(&b, "invariants (%d checks):\n", r.Checks)

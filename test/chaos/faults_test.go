@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -26,7 +28,7 @@ const (
 	faultAPIServer       = "kube-apiserver restart (kill -9)"
 	faultEtcd            = "etcd restart (kill -9)"
 	faultNodeKillPrepare = "kill -9 of tessera-node mid-prepare"
-	faultNodeKillUnprep  = "kill -9 of tessera-node at unprepare"
+	faultNodeKillUnprep  = "kill -9 of tessera-node mid-unprepare"
 	faultKubelet         = "kubelet restart (plugin re-registration)"
 	faultNodeDelete      = "node deleted with running pods"
 	faultGPULost         = "GPU lost and back"
@@ -38,15 +40,18 @@ var faultKinds = []string{faultLeaderKill, faultAPIServer, faultEtcd, faultNodeK
 
 // faultRecord is one injected fault.
 type faultRecord struct {
-	Seq      int       `json:"seq"`
-	Kind     string    `json:"kind"`
-	Target   string    `json:"target"`
-	Start    float64   `json:"startSeconds"`
-	End      float64   `json:"endSeconds"`
-	Note     string    `json:"note,omitempty"`
-	Recovery float64   `json:"recoverySeconds"` // -1: no gang bound after it within the run
-	end      time.Time `json:"-"`
-	Err      string    `json:"error,omitempty"`
+	Seq      int     `json:"seq"`
+	Kind     string  `json:"kind"`
+	Target   string  `json:"target"`
+	Start    float64 `json:"startSeconds"`
+	End      float64 `json:"endSeconds"`
+	Note     string  `json:"note,omitempty"`
+	Recovery float64 `json:"recoverySeconds"` // -1: no gang bound after it within the run
+	// Landed: the kill landed where it is meant to (mid-commit,
+	// mid-prepare, mid-unprepare); nil for the other kinds.
+	Landed *bool     `json:"landed,omitempty"`
+	end    time.Time `json:"-"`
+	Err    string    `json:"error,omitempty"`
 }
 
 // injector injects faults one at a time, at seeded random times, until its
@@ -193,6 +198,7 @@ func (in *injector) killLeader(ctx context.Context, rec *faultRecord) error {
 		w.Stop()
 	}
 	leader.kill()
+	rec.Landed = &mid
 	rec.Note = "killed after a claim allocation was written (mid-commit)"
 	if !mid {
 		rec.Note = "no commit within 15s: killed idle"
@@ -236,54 +242,107 @@ func (in *injector) pickNode(withPods bool) *chaosNode {
 	return in.e.nodes[in.rng.IntN(len(in.e.nodes))]
 }
 
-// killNodeAt kills a node's tessera-node with SIGKILL mid-prepare (when its
-// checkpoint shows a claim in PrepareStarted: side effects under way) or at
-// unprepare (when one of its pods has just ended and the kubelet is calling
-// NodeUnprepareResources), waiting up to 20 s for the moment, and starts it
-// again after 1–3 s on the same directories.
+// killNodeAt kills a MIG node's tessera-node with SIGKILL mid-prepare or
+// mid-unprepare, at a crash point in the mock machine (not in tessera): a
+// hold on its control socket parks the first MIG instance create
+// (CreateGpuInstanceWithPlacement, the prepare's first side effect, after
+// PrepareStarted is checkpointed) or compute instance destroy
+// (DestroyComputeInstance, the unprepare's first) at the call's entry, and
+// the process is killed while the call is parked. It waits up to 30 s for
+// such a call; the kill is counted as landed when a call was parked and the
+// checkpoint shows the claim in the state the crash is meant to hit
+// (PrepareStarted; still PrepareCompleted, for an unprepare). tessera-node
+// starts again after 1–3 s on the same directories (the hold dies with the
+// process).
 func (in *injector) killNodeAt(ctx context.Context, rec *faultRecord, prepare bool) error {
-	n := in.pickNode(true)
+	n := in.pickMIGNode()
 	rec.Target = n.name
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	in.c.nodeFault(n.name, true)
 	defer in.c.nodeFault(n.name, false)
-	deadline := time.Now().Add(20 * time.Second)
-	hit := false
-	ended := map[string]bool{}
-	for _, obj := range in.tr.store.List() {
-		if p := obj.(*v1.Pod); p.Spec.NodeName == n.name && p.Status.Phase != v1.PodRunning && p.Status.Phase != v1.PodPending {
-			ended[p.Name] = true
-		}
+	method, want := "DestroyComputeInstance", checkpoint.PrepareCompleted
+	if prepare {
+		method, want = "CreateGpuInstanceWithPlacement", checkpoint.PrepareStarted
 	}
-	for !hit && time.Now().Before(deadline) {
-		if prepare {
-			if ck, err := checkpoint.Read(n.checkpointPath()); err == nil {
-				for _, c := range ck.Data.Claims {
-					if c != nil && c.State == checkpoint.PrepareStarted {
-						hit = true
-					}
-				}
+	landed := false
+	err := nvmlbackend.SendControl(ctx, n.controlSocket(), "hold "+method)
+	if err == nil {
+		deadline := time.Now().Add(30 * time.Second)
+		for time.Now().Before(deadline) {
+			out, qerr := nvmlbackend.QueryControl(ctx, n.controlSocket(), "held "+method)
+			if qerr != nil {
+				err = qerr
+				break
 			}
-		} else {
-			for _, obj := range in.tr.store.List() {
-				if p := obj.(*v1.Pod); p.Spec.NodeName == n.name && !ended[p.Name] && (p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed) {
-					hit = true
-				}
+			if out != "0" {
+				// Parked: the state is what it will be at the kill.
+				gpus := strings.Fields(out)[1:]
+				inState := claimsAt(n.checkpointPath(), gpus, want, !prepare)
+				landed = inState > 0
+				rec.Note = fmt.Sprintf("killed with %s parked on GPU %s; checkpoint: %d claim(s) with a MIG device there %s, instance created %v",
+					method, strings.Join(gpus, " "), inState, want, !prepare)
+				break
 			}
-		}
-		if !hit {
-			time.Sleep(5 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond)
 		}
 	}
 	n.killPlugin()
-	if hit {
-		rec.Note = "killed at the moment"
-	} else {
-		rec.Note = "moment not seen within 20s: killed anyway"
+	rec.Landed = &landed
+	if rec.Note == "" {
+		rec.Note = fmt.Sprintf("no %s within 30s: killed anyway", method)
+	}
+	if err != nil {
+		rec.Note += fmt.Sprintf(" (control socket: %v)", err)
 	}
 	time.Sleep(in.between(time.Second, 3*time.Second))
 	return n.startPlugin(ctx)
+}
+
+// claimsAt counts the checkpoint's claims in state with a MIG device on one
+// of gpus whose instance is (created) or is not yet created.
+func claimsAt(path string, gpus []string, state checkpoint.ClaimState, created bool) int {
+	ck, err := checkpoint.Read(path)
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, c := range ck.Data.Claims {
+		if c == nil || c.State != state {
+			continue
+		}
+		for _, d := range c.Devices {
+			if d.MIG != nil && d.MIG.Created == created && slices.Contains(gpus, d.MIG.ParentUUID) {
+				n++
+				break
+			}
+		}
+	}
+	return n
+}
+
+// pickMIGNode picks a dynamic-MIG node at random, preferring one with
+// running pods.
+func (in *injector) pickMIGNode() *chaosNode {
+	running := map[string]bool{}
+	for _, obj := range in.tr.store.List() {
+		if p := obj.(*v1.Pod); p.Status.Phase == v1.PodRunning {
+			running[p.Spec.NodeName] = true
+		}
+	}
+	var mig, busy []*chaosNode
+	for _, n := range in.e.nodes {
+		if n.mode == modeMIG {
+			mig = append(mig, n)
+			if running[n.name] {
+				busy = append(busy, n)
+			}
+		}
+	}
+	if len(busy) > 0 {
+		return busy[in.rng.IntN(len(busy))]
+	}
+	return mig[in.rng.IntN(len(mig))]
 }
 
 // deleteNode deletes a node with running pods (the machine is gone: its

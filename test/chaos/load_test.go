@@ -41,17 +41,17 @@ type shape struct {
 }
 
 var shapes = []shape{
-	{"whole-1", "whole-1", 1, 4},
+	{"whole-1", "whole-1", 1, 6},
 	{"whole-2", "whole-1", 2, 3},
 	{"whole-4", "whole-1", 4, 3},
 	{"whole-8", "whole-1", 8, 2},
 	{"whole-16", "whole-1", 16, 1},
 	{"whole-2x2", "whole-2", 2, 1},
-	{"mig-1g", "mig-1g", 1, 3},
+	{"mig-1g", "mig-1g", 1, 4},
 	{"mig-1g-4", "mig-1g", 4, 2},
 	{"mig-2g-2", "mig-2g", 2, 2},
 	{"mig-3g", "mig-3g", 1, 2},
-	{"shared-1", "shared-10g", 1, 2},
+	{"shared-1", "shared-10g", 1, 3},
 	{"shared-3", "shared-10g", 3, 2},
 }
 
@@ -112,10 +112,13 @@ type tracker struct {
 	binds     []time.Time
 	// boundAt is when each pod was first seen bound.
 	boundAt map[string]time.Time
+	// succeeded: pods seen Succeeded (run to their end), counted once.
+	succeeded   map[string]bool
+	completions int
 }
 
 func newTracker(e *env) (*tracker, error) {
-	tr := &tracker{bound: map[string]map[string]bool{}, gangSize: map[string]int{}, boundAt: map[string]time.Time{}}
+	tr := &tracker{bound: map[string]map[string]bool{}, gangSize: map[string]int{}, boundAt: map[string]time.Time{}, succeeded: map[string]bool{}}
 	factory := informers.NewSharedInformerFactoryWithOptions(e.kube, 0, informers.WithNamespace(namespace))
 	inf := factory.Core().V1().Pods().Informer()
 	tr.store = inf.GetStore()
@@ -127,6 +130,10 @@ func newTracker(e *env) (*tracker, error) {
 		g := pod.Annotations[v1alpha1.PodGroupAnnotation]
 		tr.mu.Lock()
 		defer tr.mu.Unlock()
+		if pod.Status.Phase == v1.PodSucceeded && !tr.succeeded[pod.Name] {
+			tr.succeeded[pod.Name] = true
+			tr.completions++
+		}
 		if tr.bound[g] == nil {
 			tr.bound[g] = map[string]bool{}
 		}
@@ -187,7 +194,9 @@ type loadGen struct {
 	tr  *tracker
 	rng *rand.Rand
 
-	ops                                atomic.Int64 // API writes issued by the generator
+	// ops: API writes issued by the generator (creates, deletes, queue
+	// updates); the pods' completions are counted by the tracker.
+	ops                                atomic.Int64
 	gangsCreated, gangsDone, cancelled atomic.Int64
 	podsCreated, quotaEdits            atomic.Int64
 	failedOps                          atomic.Int64
@@ -420,7 +429,6 @@ func (l *loadGen) editQuota(ctx context.Context) {
 	name := leafQueues[l.rng.IntN(len(leafQueues))]
 	quota := int64(l.rng.IntN(13))
 	limit := quota + int64(l.rng.IntN(17))
-	l.ops.Add(1)
 	q, err := l.e.ts.Queues().Get(ctx, name)
 	if err != nil {
 		l.failedOps.Add(1)
