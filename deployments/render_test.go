@@ -218,7 +218,7 @@ func TestDefaultRender(t *testing.T) {
 	}
 	// Its claims' MPS daemon pods, in its own namespace only.
 	daemons := typed(t, r, "Role", "tessera-node-mps-daemons", &rbacv1.Role{})
-	if daemons.Namespace != testNamespace || !hasRule(daemons.Rules, "", "pods", "create") || !hasRule(daemons.Rules, "", "pods", "delete") || hasRule(daemons.Rules, "", "pods", "update") {
+	if daemons.Namespace != nodeNamespace(testNamespace) || !hasRule(daemons.Rules, "", "pods", "create") || !hasRule(daemons.Rules, "", "pods", "delete") || hasRule(daemons.Rules, "", "pods", "update") {
 		t.Errorf("MPS daemon role %+v", daemons)
 	}
 	for _, arg := range []string{"--mps-daemon=pod", "--mps-daemon-namespace=$(POD_NAMESPACE)", "--mps-daemon-runtime-class=nvidia", "--mps-daemon-image=" + c.Image} {
@@ -281,6 +281,112 @@ func TestDefaultRender(t *testing.T) {
 	if cfg.Default == nil || len(cfg.Default.GPUs) != 1 || cfg.Default.GPUs[0].Mode != partition.ModeWhole {
 		t.Errorf("default partition config = %+v, want every GPU whole", cfg)
 	}
+}
+
+// TestNodeNamespace: the node-side objects (the DaemonSet, its service
+// account, config, MPS daemon Role and metrics Service) render into the node
+// namespace, which the chart creates labelled Pod Security "privileged" and
+// keeps on uninstall; everything else stays in the release namespace; every
+// reference to the node agent's service account names the node namespace.
+func TestNodeNamespace(t *testing.T) {
+	nodeSide := func(obj *unstructured.Unstructured) bool {
+		return obj.GetLabels()["app.kubernetes.io/component"] == "node" && obj.GetNamespace() != "" && obj.GetNamespace() != "kube-system"
+	}
+	check := func(t *testing.T, r *deployments.Rendered, releaseNS, nodeNS string, created bool) {
+		t.Helper()
+		var nodeObjs []string
+		for _, obj := range r.Objects {
+			ns := obj.GetNamespace()
+			switch {
+			case obj.GetKind() == "Namespace" || ns == "" || ns == "kube-system":
+			case nodeSide(obj):
+				nodeObjs = append(nodeObjs, obj.GetKind()+"/"+obj.GetName())
+				if ns != nodeNS {
+					t.Errorf("%s %s in %s, want the node namespace %s", obj.GetKind(), obj.GetName(), ns, nodeNS)
+				}
+			case ns != releaseNS:
+				t.Errorf("%s %s in %s, want the release namespace %s", obj.GetKind(), obj.GetName(), ns, releaseNS)
+			}
+			// Every binding of the node agent's service account names it where it is.
+			if subjects, ok := obj.Object["subjects"].([]any); ok {
+				for _, s := range subjects {
+					sub := s.(map[string]any)
+					if sub["name"] == "tessera-node" && sub["namespace"] != nodeNS {
+						t.Errorf("%s %s binds tessera-node of %v, want %s", obj.GetKind(), obj.GetName(), sub["namespace"], nodeNS)
+					}
+				}
+			}
+		}
+		slices.Sort(nodeObjs)
+		want := []string{"ConfigMap/tessera-node-config", "DaemonSet/tessera-node", "Role/tessera-node-mps-daemons", "RoleBinding/tessera-node-mps-daemons", "Service/tessera-node-metrics", "ServiceAccount/tessera-node"}
+		if !slices.Equal(nodeObjs, want) {
+			t.Errorf("node-side objects = %v, want %v", nodeObjs, want)
+		}
+		for _, p := range ofKind(r, "ValidatingAdmissionPolicy") {
+			if doc := mustYAML(t, p.Object); strings.Contains(doc, "system:serviceaccount:") && strings.Contains(doc, "tessera-node") && !strings.Contains(doc, "system:serviceaccount:"+nodeNS+":tessera-node") {
+				t.Errorf("admission policy %s does not name the node agent as system:serviceaccount:%s:tessera-node", p.GetName(), nodeNS)
+			}
+		}
+		namespaces := ofKind(r, "Namespace")
+		if !created {
+			if len(namespaces) != 0 {
+				t.Errorf("Namespaces rendered: %v, want none", names(namespaces))
+			}
+			return
+		}
+		if len(namespaces) != 1 || namespaces[0].GetName() != nodeNS {
+			t.Fatalf("Namespaces rendered: %v, want %s only", names(namespaces), nodeNS)
+		}
+		n := namespaces[0]
+		for _, mode := range []string{"enforce", "audit", "warn"} {
+			if got := n.GetLabels()["pod-security.kubernetes.io/"+mode]; got != "privileged" {
+				t.Errorf("node namespace label pod-security.kubernetes.io/%s = %q, want privileged", mode, got)
+			}
+		}
+		if n.GetAnnotations()["helm.sh/resource-policy"] != "keep" {
+			t.Errorf("node namespace annotations %v: want helm.sh/resource-policy: keep (uninstall must not delete the MPS daemon pods)", n.GetAnnotations())
+		}
+		// Helm installs namespaces first (InstallOrder); the admission
+		// policies come before them only because they are cluster-scoped.
+		for i, obj := range r.Objects {
+			if obj.GetNamespace() == nodeNS {
+				t.Errorf("%s %s (object %d) comes before its namespace", obj.GetKind(), obj.GetName(), i)
+			}
+			if obj.GetKind() == "Namespace" {
+				break
+			}
+		}
+	}
+	t.Run("default", func(t *testing.T) {
+		check(t, render(t, testNamespace, ""), testNamespace, testNamespace+"-node", true)
+		if nodeNamespace(testNamespace) != testNamespace+"-node" {
+			t.Error("the tests' nodeNamespace differs from the chart's default")
+		}
+	})
+	t.Run("node.namespace", func(t *testing.T) {
+		check(t, render(t, testNamespace, `node: {namespace: gpu-agents}`), testNamespace, "gpu-agents", true)
+	})
+	t.Run("node.createNamespace=false", func(t *testing.T) {
+		check(t, render(t, testNamespace, `node: {createNamespace: false}`), testNamespace, testNamespace+"-node", false)
+	})
+	t.Run("one namespace", func(t *testing.T) {
+		check(t, render(t, testNamespace, `node: {namespace: `+testNamespace+`}`), testNamespace, testNamespace, false)
+	})
+	t.Run("node disabled", func(t *testing.T) {
+		if r := render(t, testNamespace, `node: {enabled: false}`); len(ofKind(r, "Namespace")) != 0 {
+			t.Error("node.enabled=false still creates the node namespace")
+		}
+	})
+	t.Run("release namespace too long for the default", func(t *testing.T) {
+		long := strings.Repeat("n", 60)
+		_, err := deployments.Render(deployments.Options{Namespace: long})
+		if !errors.Is(err, deployments.ErrInvalidValues) || !strings.Contains(err.Error(), "longer than 63 characters") || !strings.Contains(err.Error(), "node.namespace") {
+			t.Errorf("render in a 60-character namespace: %v, want a clear error naming node.namespace", err)
+		}
+		if _, err := deployments.Render(deployments.Options{Namespace: long, Values: values(t, `node: {namespace: gpu-agents}`)}); err != nil {
+			t.Errorf("with node.namespace set: %v", err)
+		}
+	})
 }
 
 func TestRenderCombinations(t *testing.T) {
@@ -640,7 +746,7 @@ node:
 				t.Errorf("scheduler image = %s", img)
 			}
 			vap := ofKind(r, "ValidatingAdmissionPolicy")
-			if len(vap) != 3 || !strings.Contains(mustYAML(t, vap[0].Object), `system:serviceaccount:`+testNamespace+`:gpu-node`) || !strings.Contains(mustYAML(t, vap[1].Object), `system:serviceaccount:`+testNamespace+`:gpu-node`) {
+			if len(vap) != 3 || !strings.Contains(mustYAML(t, vap[0].Object), `system:serviceaccount:`+nodeNamespace(testNamespace)+`:gpu-node`) || !strings.Contains(mustYAML(t, vap[1].Object), `system:serviceaccount:`+nodeNamespace(testNamespace)+`:gpu-node`) {
 				t.Errorf("the node policies must name the renamed service account")
 			}
 			if !slices.ContainsFunc(vap, func(v *unstructured.Unstructured) bool {
@@ -713,6 +819,8 @@ func TestInvalidValues(t *testing.T) {
 		{`{overview: {enabled: false}, prometheusRule: {enabled: true}}`, "need overview.enabled=true"},
 		{`prometheusRule: {gangPendingMinutes: 0}`, "/prometheusRule/gangPendingMinutes"},
 		{`overview: {refresh: soon}`, "/overview/refresh"},
+		{`node: {namespace: Tessera_Node}`, "/node/namespace"},
+		{`node: {createNamespace: "yes"}`, "/node/createNamespace"},
 		{`exampleQueues: {queues: [{name: a, spec: {resources: {gpu: {quota: "-1"}}}}]}`, "/exampleQueues/queues/0/spec/resources/gpu/quota"},
 	} {
 		t.Run(tc.values, func(t *testing.T) {

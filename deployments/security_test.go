@@ -149,7 +149,11 @@ func TestServingAccess(t *testing.T) {
 	for _, secure := range []bool{true, false} {
 		ns, prefix := install(t, c, fmt.Sprintf("rbac: {queueAdmin: {enabled: false}}, secureServing: {enabled: %t}", secure))
 		for _, agent := range []string{"node", "scheduler"} {
-			user := "system:serviceaccount:" + ns + ":" + prefix + "-" + agent
+			saNS := ns
+			if agent == "node" {
+				saNS = nodeNamespace(ns)
+			}
+			user := "system:serviceaccount:" + saNS + ":" + prefix + "-" + agent
 			checkAccess(t, c, agent, user, []access{
 				{"create", "authentication.k8s.io", "tokenreviews", "", "", secure},
 				{"create", "authorization.k8s.io", "subjectaccessreviews", "", "", secure},
@@ -199,7 +203,9 @@ func violations(err error) []string {
 // default): the scheduler and overview pass `restricted`; the node agent and
 // the MPS daemons are refused by `restricted` and `baseline` with exactly the
 // violations docs/install.md names with their reasons, and admitted by
-// `privileged`, the level the release namespace needs.
+// `privileged`, the level of the node namespace the chart creates. The chart
+// rendered into a release namespace enforcing `restricted` has every pod
+// admitted where it puts it.
 func TestPodSecurityAdmission(t *testing.T) {
 	c := getCluster(t)
 	ctx := context.Background()
@@ -261,15 +267,71 @@ func TestPodSecurityAdmission(t *testing.T) {
 		cases = append(cases, pc)
 	}
 
+	psaCreate := func(ns string, spec corev1.PodSpec) error {
+		spec = *spec.DeepCopy()
+		// PodSecurity looks at the pod alone; the service accounts and
+		// nodes of a real install are not there.
+		spec.ServiceAccountName, spec.NodeName = "", ""
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "psa-probe"}, Spec: spec}
+		_, err := c.client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err
+	}
+
+	// The chart as installed: the release namespace enforcing restricted
+	// (as docs/install.md tells to label it), the node namespace as the
+	// chart creates it. Every pod template is admitted where the chart puts
+	// it, the MPS daemon pods too; the node agent in the release namespace
+	// is refused with exactly the violations listed above.
+	t.Run("chart with the release namespace restricted", func(t *testing.T) {
+		releaseNS := level["restricted"]
+		r := render(t, releaseNS, "{fullnameOverride: tessera, overview: {enabled: true}}")
+		namespaces := ofKind(r, "Namespace")
+		if len(namespaces) != 1 {
+			t.Fatalf("the chart renders Namespaces %v, want the node namespace", names(namespaces))
+		}
+		c.create(t, namespaces[0], "")
+		nodeNS := namespaces[0].GetName()
+		if err := c.cp.WaitDefaultServiceAccount(ctx, c.client, nodeNS); err != nil {
+			t.Fatal(err)
+		}
+		var admitted []string
+		for _, obj := range r.Objects {
+			var spec corev1.PodSpec
+			switch obj.GetKind() {
+			case "DaemonSet":
+				spec = typed(t, r, "DaemonSet", obj.GetName(), &appsv1.DaemonSet{}).Spec.Template.Spec
+			case "Deployment":
+				spec = typed(t, r, "Deployment", obj.GetName(), &appsv1.Deployment{}).Spec.Template.Spec
+			default:
+				continue
+			}
+			if err := psaCreate(obj.GetNamespace(), spec); err != nil {
+				t.Errorf("%s %s refused in its namespace %s: %v", obj.GetKind(), obj.GetName(), obj.GetNamespace(), err)
+			}
+			admitted = append(admitted, obj.GetNamespace()+"/"+obj.GetName())
+			if obj.GetKind() == "DaemonSet" {
+				err := psaCreate(releaseNS, spec)
+				if want := cases[2].refused["restricted"]; err == nil || !slices.Equal(violations(err), want) {
+					t.Errorf("node agent in the release namespace: %v, want refused with %q", err, want)
+				}
+			}
+		}
+		slices.Sort(admitted)
+		if want := []string{nodeNS + "/tessera-node", releaseNS + "/tessera-overview", releaseNS + "/tessera-scheduler"}; !slices.Equal(admitted, want) {
+			t.Errorf("pod templates checked = %v, want %v", admitted, want)
+		}
+		for _, rc := range []string{"nvidia", ""} {
+			l := &sharing.PodLauncher{Namespace: nodeNS, NodeName: "n1", Image: "tessera:test", MPSDir: "/run/tessera/mps", RuntimeClassName: rc, HostDriverRoot: "/"}
+			if err := psaCreate(nodeNS, l.Pod(spec, dirs).Spec); err != nil {
+				t.Errorf("MPS daemon (runtime class %q) refused in the node namespace: %v", rc, err)
+			}
+		}
+	})
+
 	for _, pc := range cases {
 		for _, l := range []string{"restricted", "baseline", "privileged"} {
 			t.Run(pc.name+" in "+l, func(t *testing.T) {
-				spec := *pc.spec.DeepCopy()
-				// PodSecurity looks at the pod alone; the service accounts
-				// and nodes of a real install are not there.
-				spec.ServiceAccountName, spec.NodeName = "", ""
-				pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "psa-probe"}, Spec: spec}
-				_, err := c.client.CoreV1().Pods(level[l]).Create(ctx, pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+				err := psaCreate(level[l], pc.spec)
 				want, refused := pc.refused[l]
 				switch {
 				case !refused && err != nil:
