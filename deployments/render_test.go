@@ -248,8 +248,16 @@ func TestDefaultRender(t *testing.T) {
 	if ov.Spec.Replicas == nil || *ov.Spec.Replicas != 1 {
 		t.Errorf("overview replicas = %v, want 1", ov.Spec.Replicas)
 	}
-	if oc := ov.Spec.Template.Spec.Containers[0]; !slices.Equal(oc.Command, []string{"/usr/bin/tessera"}) || !slices.Equal(oc.Args, []string{"top", "--web=:8080", "--interval=1s"}) {
-		t.Errorf("overview runs %v %v, want tessera top --web", oc.Command, oc.Args)
+	if oc := ov.Spec.Template.Spec.Containers[0]; !slices.Equal(oc.Command, []string{"/usr/bin/tessera"}) || !slices.Equal(oc.Args, []string{"top", "--secure-port=8080", "--interval=1s"}) {
+		t.Errorf("overview runs %v %v, want tessera top serving HTTPS only", oc.Command, oc.Args)
+	}
+	// Its page over HTTPS needs a role of its own; nobody is bound by default.
+	viewer := typed(t, r, "ClusterRole", "tessera-overview-viewer", &rbacv1.ClusterRole{})
+	if len(viewer.Rules) != 1 || !slices.Equal(viewer.Rules[0].NonResourceURLs, []string{"/", "/overview.json"}) || !slices.Equal(viewer.Rules[0].Verbs, []string{"get"}) {
+		t.Errorf("overview viewer role = %+v, want get on / and /overview.json only", viewer.Rules)
+	}
+	if slices.Contains(names(ofKind(r, "ClusterRoleBinding")), "tessera-overview-viewer") {
+		t.Error("overview.viewers is empty by default, yet a binding is rendered")
 	}
 	if psc := ov.Spec.Template.Spec.SecurityContext; psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot {
 		t.Error("the overview must run as non-root")
@@ -407,7 +415,7 @@ var combinations = []struct {
 }{
 	{
 		name:   "secure serving (the default) with ServiceMonitors",
-		values: `{serviceMonitor: {enabled: true}, secureServing: {scrapers: [{kind: ServiceAccount, name: prometheus-k8s, namespace: monitoring}]}}`,
+		values: `{serviceMonitor: {enabled: true}, secureServing: {scrapers: [{kind: ServiceAccount, name: prometheus-k8s, namespace: monitoring}]}, overview: {viewers: [{kind: Group, name: platform-admins, apiGroup: rbac.authorization.k8s.io}]}}`,
 		check: func(t *testing.T, r *deployments.Rendered) {
 			checkServing(t, r, true)
 			if n := len(ofKind(r, "ServiceMonitor")); n != 3 {
@@ -416,10 +424,14 @@ var combinations = []struct {
 			for _, sm := range ofKind(r, "ServiceMonitor") {
 				ep, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
 				e := ep[0].(map[string]any)
-				secure := !strings.HasSuffix(sm.GetName(), "-overview")
+				secure := true // the overview's too
 				if got := e["scheme"] == "https" && e["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"; got != secure {
 					t.Errorf("ServiceMonitor %s endpoint %v: HTTPS with the token = %v, want %v", sm.GetName(), e, got, secure)
 				}
+			}
+			viewers := typed(t, r, "ClusterRoleBinding", "tessera-overview-viewer", &rbacv1.ClusterRoleBinding{})
+			if viewers.RoleRef.Name != "tessera-overview-viewer" || len(viewers.Subjects) != 1 || viewers.Subjects[0].Name != "platform-admins" {
+				t.Errorf("overview viewer binding = %+v", viewers)
 			}
 			crb := typed(t, r, "ClusterRoleBinding", "tessera-metrics-reader", &rbacv1.ClusterRoleBinding{})
 			if crb.RoleRef.Name != "tessera-metrics-reader" || len(crb.Subjects) != 1 || crb.Subjects[0].Name != "prometheus-k8s" {
@@ -434,7 +446,7 @@ var combinations = []struct {
 			checkServing(t, r, false)
 			for _, kind := range []string{"ClusterRoleBinding", "RoleBinding", "ClusterRole"} {
 				for _, n := range names(ofKind(r, kind)) {
-					if strings.Contains(n, "auth-delegator") || strings.Contains(n, "authentication-reader") || strings.Contains(n, "metrics-reader") {
+					if strings.Contains(n, "auth-delegator") || strings.Contains(n, "authentication-reader") || strings.Contains(n, "metrics-reader") || strings.Contains(n, "overview-viewer") {
 						t.Errorf("%s %s rendered for plain HTTP", kind, n)
 					}
 				}
@@ -914,6 +926,7 @@ func checkServing(t *testing.T, r *deployments.Rendered, secure bool) {
 	t.Helper()
 	dep := typed(t, r, "Deployment", "tessera-scheduler", &appsv1.Deployment{})
 	ds := typed(t, r, "DaemonSet", "", &appsv1.DaemonSet{})
+	ov := typed(t, r, "Deployment", "tessera-overview", &appsv1.Deployment{})
 	scheme, name := corev1.URISchemeHTTP, "http"
 	if secure {
 		scheme, name = corev1.URISchemeHTTPS, "https"
@@ -922,11 +935,16 @@ func checkServing(t *testing.T, r *deployments.Rendered, secure bool) {
 		c     corev1.Container
 		plain string // the plain-HTTP flag
 		port  string
+		// plainArgs are the serving flags of plain HTTP.
+		plainArgs []string
 	}{
-		{dep.Spec.Template.Spec.Containers[0], "--metrics-bind-address", "10359"},
-		{ds.Spec.Template.Spec.Containers[0], "--http-address", "10358"},
+		{dep.Spec.Template.Spec.Containers[0], "--metrics-bind-address", "10359", []string{"--secure-port=0", "--metrics-bind-address=:10359"}},
+		{ds.Spec.Template.Spec.Containers[0], "--http-address", "10358", []string{"--secure-port=0", "--http-address=:10358"}},
+		// tessera top serves no HTTPS unless --secure-port is given, and
+		// plain HTTP on a pod's addresses only with --web-allow-remote.
+		{ov.Spec.Template.Spec.Containers[0], "--web", "8080", []string{"--web=:8080", "--web-allow-remote"}},
 	} {
-		wantArgs := []string{"--secure-port=0", tc.plain + "=:" + tc.port}
+		wantArgs := tc.plainArgs
 		if secure {
 			wantArgs = []string{"--secure-port=" + tc.port}
 		}
@@ -948,7 +966,7 @@ func checkServing(t *testing.T, r *deployments.Rendered, secure bool) {
 			}
 		}
 	}
-	for _, svc := range []string{"tessera-scheduler-metrics", "tessera-node-metrics"} {
+	for _, svc := range []string{"tessera-scheduler-metrics", "tessera-node-metrics", "tessera-overview-metrics"} {
 		s := typed(t, r, "Service", svc, &corev1.Service{})
 		if s.Spec.Ports[0].TargetPort.String() != name {
 			t.Errorf("Service %s targets %s, want %s", svc, s.Spec.Ports[0].TargetPort.String(), name)

@@ -59,8 +59,8 @@ func httpsGet(url, token string) (int, string, error) {
 	return resp.StatusCode, string(body), err
 }
 
-// TestSecureEndpointsWithChartAccess runs tessera-scheduler and tessera-node
-// with the chart's flags (HTTPS, the default) as their service accounts with
+// TestSecureEndpointsWithChartAccess runs tessera-scheduler, tessera-node and
+// the overview (tessera top) with the chart's flags (HTTPS, the default) as their service accounts with
 // nothing but the chart's RBAC, which must let them delegate authentication
 // (TokenReview) and authorization (SubjectAccessReview) to the real API
 // server: /metrics refuses a request without a token (403 for system:anonymous,
@@ -71,7 +71,7 @@ func TestSecureEndpointsWithChartAccess(t *testing.T) {
 	c := getCluster(t)
 	ctx := context.Background()
 	scrapers := c.cp.CreateNamespace(t)
-	ns, prefix := install(t, c, fmt.Sprintf("rbac: {queueAdmin: {enabled: false}}, secureServing: {scrapers: [{kind: ServiceAccount, name: prometheus, namespace: %s}]}", scrapers))
+	ns, prefix := install(t, c, fmt.Sprintf("rbac: {queueAdmin: {enabled: false}}, secureServing: {scrapers: [{kind: ServiceAccount, name: prometheus, namespace: %[1]s}]}, overview: {viewers: [{kind: ServiceAccount, name: viewer, namespace: %[1]s}]}", scrapers))
 	token := func(name string) string {
 		if _, err := c.client.CoreV1().ServiceAccounts(scrapers).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -82,7 +82,7 @@ func TestSecureEndpointsWithChartAccess(t *testing.T) {
 		}
 		return tr.Status.Token
 	}
-	prometheus, other := token("prometheus"), token("other")
+	prometheus, other, viewer := token("prometheus"), token("other"), token("viewer")
 
 	nodeName := framework.UniqueName("gpu-node")
 	if _, err := c.client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}}, metav1.CreateOptions{}); err != nil {
@@ -102,12 +102,24 @@ func TestSecureEndpointsWithChartAccess(t *testing.T) {
 	args = append(args, "--kubeconfig="+kubeconfig, "--bind-address=127.0.0.1", "--secure-port="+port(schedAddr))
 	sched := startProcess(t, "tessera-scheduler", binary(t, "tessera-scheduler"), args, nil)
 
+	// The overview (tessera top) with exactly the chart's flags but the address.
+	overviewAddr := freeAddr(t)
+	ovKubeconfig := saKubeconfig(t, c, t.TempDir(), ns, prefix+"-overview", nil)
+	ovDep := typed(t, render(t, ns, "{fullnameOverride: "+prefix+"}"), "Deployment", prefix+"-overview", &appsv1.Deployment{})
+	ovArgs := ovDep.Spec.Template.Spec.Containers[0].Args
+	if !slices.Contains(ovArgs, "--secure-port=8080") || slices.ContainsFunc(ovArgs, func(a string) bool { return strings.HasPrefix(a, "--web") }) {
+		t.Fatalf("the chart's overview does not serve HTTPS only by default: %q", ovArgs)
+	}
+	ovArgs = append(ovArgs, "--kubeconfig="+ovKubeconfig, "--bind-address=127.0.0.1", "--secure-port="+port(overviewAddr))
+	ov := startProcess(t, "tessera-overview", binary(t, "tessera"), ovArgs, nil)
+
 	for _, agent := range []struct {
 		name, addr, metric string
 		p                  *process
 	}{
 		{"tessera-scheduler", schedAddr, "tessera_scheduler_", sched},
 		{"tessera-node", node.secureAddr, "tessera_node_", node.process},
+		{"tessera-overview", overviewAddr, "tessera_cluster_", ov},
 	} {
 		t.Run(agent.name, func(t *testing.T) {
 			base := "https://" + agent.addr
@@ -128,8 +140,32 @@ func TestSecureEndpointsWithChartAccess(t *testing.T) {
 				{"no token (system:anonymous)", "/metrics", "", http.StatusForbidden, `system:anonymous\" cannot get path \"/metrics\"`},
 				{"a service account without the metrics-reader role", "/metrics", other, http.StatusForbidden, `cannot get path \"/metrics\"`},
 				{"the scraper the chart binds", "/metrics", prometheus, http.StatusOK, agent.metric},
+				// The kube-scheduler's answer to a token the API server does not know.
+				{"an unknown token", "/metrics", "not-a-token", http.StatusUnauthorized, "Unauthorized"},
 				{"livez without a token", "/livez", "", http.StatusOK, "ok"},
 				{"readyz without a token", "/readyz", "", http.StatusOK, "ok"},
+			} {
+				code, body, err := httpsGet(base+tc.path, tc.token)
+				if err != nil || code != tc.want || !strings.Contains(body, tc.body) {
+					t.Errorf("%s: GET %s = %d %.300q (%v), want %d with %q", tc.what, tc.path, code, body, err, tc.want, tc.body)
+				}
+			}
+			if agent.name != "tessera-overview" {
+				return
+			}
+			// The page and /overview.json: only for overview.viewers (the
+			// ClusterRole <release>-overview-viewer), not for the scraper.
+			for _, tc := range []struct {
+				what, path, token string
+				want              int
+				body              string
+			}{
+				{"the page without a token", "/", "", http.StatusForbidden, `system:anonymous\" cannot get path \"/\"`},
+				{"the page for the scraper", "/", prometheus, http.StatusForbidden, `cannot get path \"/\"`},
+				{"the page for a viewer", "/", viewer, http.StatusOK, "<html"},
+				{"/overview.json for a viewer", "/overview.json", viewer, http.StatusOK, `"nodes"`},
+				{"/overview.json for another service account", "/overview.json", other, http.StatusForbidden, `cannot get path \"/overview.json\"`},
+				{"/metrics for a viewer", "/metrics", viewer, http.StatusForbidden, `cannot get path \"/metrics\"`},
 			} {
 				code, body, err := httpsGet(base+tc.path, tc.token)
 				if err != nil || code != tc.want || !strings.Contains(body, tc.body) {
@@ -148,7 +184,7 @@ func TestServingAccess(t *testing.T) {
 	c := getCluster(t)
 	for _, secure := range []bool{true, false} {
 		ns, prefix := install(t, c, fmt.Sprintf("rbac: {queueAdmin: {enabled: false}}, secureServing: {enabled: %t}", secure))
-		for _, agent := range []string{"node", "scheduler"} {
+		for _, agent := range []string{"node", "scheduler", "overview"} {
 			saNS := ns
 			if agent == "node" {
 				saNS = nodeNamespace(ns)
