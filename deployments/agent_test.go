@@ -33,7 +33,7 @@ func TestNodeAgentRunsWithChartAccess(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.client.CoreV1().Nodes().Delete(context.Background(), node.Name, metav1.DeleteOptions{}) })
-	user := "system:serviceaccount:" + ns + ":" + prefix + "-node"
+	user := "system:serviceaccount:" + nodeNamespace(ns) + ":" + prefix + "-node"
 	onNode := impersonate(t, c.cp, user, map[string][]string{nodeNameExtra: {nodeName}})
 
 	// The agent's first writes must meet the policy, so wait until it is in
@@ -153,6 +153,7 @@ func TestDaemonSetTargetsGPUNodes(t *testing.T) {
 			c.create(t, obj, ns)
 		}
 	}
+	ns = nodeNamespace(ns) // where the DaemonSet and its pods are
 	var targets []string
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		pods, err := c.client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})

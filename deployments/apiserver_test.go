@@ -175,6 +175,12 @@ func TestChartDryRun(t *testing.T) {
 				t.Fatal("nothing rendered")
 			}
 			for _, obj := range r.Objects {
+				if obj.GetKind() == "Namespace" {
+					// The node namespace: objects in it are refused unless
+					// it exists.
+					c.create(t, obj, "")
+					continue
+				}
 				if err := c.dryRun(t, obj, ns); err != nil {
 					t.Errorf("%s %s refused: %v", obj.GetKind(), obj.GetName(), err)
 				}
@@ -199,9 +205,17 @@ func TestPlainManifestsDryRun(t *testing.T) {
 		t.Fatalf("tessera.yaml starts with %s %s, want its namespace", objs[0].GetKind(), objs[0].GetName())
 	}
 	// Dry-run objects in a namespace that does not exist are refused, so
-	// the namespace is created for real.
+	// the namespaces (the release one, labelled restricted, and the node
+	// namespace) are created for real.
+	if objs[0].GetLabels()["pod-security.kubernetes.io/enforce"] != "restricted" {
+		t.Errorf("the release namespace has labels %v, want Pod Security restricted enforced", objs[0].GetLabels())
+	}
 	c.create(t, objs[0], "")
 	for _, obj := range objs[1:] {
+		if obj.GetKind() == "Namespace" {
+			c.create(t, obj, "")
+			continue
+		}
 		if err := c.dryRun(t, obj, ""); err != nil {
 			t.Errorf("%s %s refused: %v", obj.GetKind(), obj.GetName(), err)
 		}
@@ -268,9 +282,14 @@ func impersonate(t *testing.T, cp *framework.ControlPlane, user string, extra ma
 	return client
 }
 
+// nodeNamespace is the chart's default namespace of the node agents for the
+// release namespace ns (node.namespace empty; TestDefaultRender checks it).
+func nodeNamespace(ns string) string { return ns + "-node" }
+
 // install creates the chart's access-control objects for real (service
 // accounts, roles, bindings, admission policies) in a fresh namespace under a
-// unique name, and returns the release namespace and name prefix.
+// unique name, with the node namespace the chart creates, and returns the
+// release namespace and name prefix.
 func install(t *testing.T, c *cluster, extraValues string) (ns, prefix string) {
 	t.Helper()
 	ns = c.cp.CreateNamespace(t)
@@ -278,7 +297,7 @@ func install(t *testing.T, c *cluster, extraValues string) (ns, prefix string) {
 	r := render(t, ns, fmt.Sprintf("{fullnameOverride: %s, %s}", prefix, extraValues))
 	for _, obj := range r.Objects {
 		switch obj.GetKind() {
-		case "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+		case "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
 			"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
 			c.create(t, obj, ns)
 		}
@@ -342,7 +361,7 @@ func TestNodeAgentWritesOnlyItsOwnSlices(t *testing.T) {
 	c := getCluster(t)
 	ctx := context.Background()
 	ns, prefix := install(t, c, "rbac: {queueAdmin: {enabled: false}}")
-	user := "system:serviceaccount:" + ns + ":" + prefix + "-node"
+	user := "system:serviceaccount:" + nodeNamespace(ns) + ":" + prefix + "-node"
 	onA := impersonate(t, c.cp, user, map[string][]string{nodeNameExtra: {"node-a"}}).ResourceV1().ResourceSlices()
 	noNode := impersonate(t, c.cp, user, nil).ResourceV1().ResourceSlices()
 	admin := c.client.ResourceV1().ResourceSlices()
@@ -499,7 +518,7 @@ func checkAccess(t *testing.T, c *cluster, who, user string, want []access) {
 func TestRBAC(t *testing.T) {
 	c := getCluster(t)
 	ns, prefix := install(t, c, "rbac: {queueAdmin: {enabled: false}}")
-	node := "system:serviceaccount:" + ns + ":" + prefix + "-node"
+	node := "system:serviceaccount:" + nodeNamespace(ns) + ":" + prefix + "-node"
 	sched := "system:serviceaccount:" + ns + ":" + prefix + "-scheduler"
 	const other = "some-namespace"
 	const rs = "resource.k8s.io"
@@ -522,10 +541,13 @@ func TestRBAC(t *testing.T) {
 		{"arbitrary-node:update", rs, "resourceclaims/driver", other, "gpu.tessera.dev", false},
 		{"update", rs, "resourceclaims/binding", other, "x", false},
 		// Pods: only its MPS daemon pods, in its own namespace (the
-		// admission policy narrows them further), and nothing else.
-		{"create", "", "pods", ns, "", true},
-		{"delete", "", "pods", ns, "x", true},
-		{"update", "", "pods", ns, "x", false},
+		// admission policy narrows them further), and nothing else: not in
+		// the release namespace, which enforces Pod Security "restricted".
+		{"create", "", "pods", nodeNamespace(ns), "", true},
+		{"delete", "", "pods", nodeNamespace(ns), "x", true},
+		{"update", "", "pods", nodeNamespace(ns), "x", false},
+		{"create", "", "pods", ns, "", false},
+		{"delete", "", "pods", ns, "x", false},
 		{"create", "", "pods", other, "", false},
 		{"update", "", "pods", other, "x", false},
 		{"patch", "", "pods", other, "x", false},

@@ -154,8 +154,10 @@ func startNode(t *testing.T, c *cluster, ns, prefix, nodeName, values, dir strin
 	if dir == "" {
 		dir = nodeDir(t)
 	}
-	kubeconfig := saKubeconfig(t, c, dir, ns, prefix+"-node", map[string][]string{nodeNameExtra: {nodeName}})
 	r := render(t, ns, fmt.Sprintf("{fullnameOverride: %s, node: %s}", prefix, values))
+	// The node agent's service account lives in the node namespace, not ns.
+	nodeNS := typed(t, r, "DaemonSet", "", &appsv1.DaemonSet{}).Namespace
+	kubeconfig := saKubeconfig(t, c, dir, nodeNS, prefix+"-node", map[string][]string{nodeNameExtra: {nodeName}})
 	partitionFile := filepath.Join(dir, "partition.yaml")
 	if err := os.WriteFile(partitionFile, []byte(typedConfigMap(t, r)), 0o644); err != nil {
 		t.Fatal(err)
@@ -171,13 +173,13 @@ func startNode(t *testing.T, c *cluster, ns, prefix, nodeName, values, dir strin
 
 	// The agent's first writes must meet the admission policy: wait until
 	// it is in force.
-	onNode := impersonate(t, c.cp, "system:serviceaccount:"+ns+":"+prefix+"-node", map[string][]string{nodeNameExtra: {nodeName}})
+	onNode := impersonate(t, c.cp, "system:serviceaccount:"+nodeNS+":"+prefix+"-node", map[string][]string{nodeNameExtra: {nodeName}})
 	waitForPolicy(t, func() error {
 		_, err := onNode.ResourceV1().ResourceSlices().Create(context.Background(), slice(prefix+"-x", "elsewhere"), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		return err
 	}, "may only write ResourceSlices")
 
-	env := map[string]string{"NODE_NAME": nodeName, "POD_UID": fmt.Sprintf("0b4b5c1e-0000-4000-8000-%012d", time.Now().UnixNano()%1e12)}
+	env := map[string]string{"NODE_NAME": nodeName, "POD_NAMESPACE": nodeNS, "POD_UID": fmt.Sprintf("0b4b5c1e-0000-4000-8000-%012d", time.Now().UnixNano()%1e12)}
 	args := append(expand(ds.Spec.Template.Spec.Containers[0].Args, env),
 		"--kubeconfig="+kubeconfig,
 		"--backend=mock:dgxh100",
@@ -189,7 +191,7 @@ func startNode(t *testing.T, c *cluster, ns, prefix, nodeName, values, dir strin
 		"--http-address="+addr,
 		"--bind-address=127.0.0.1", "--secure-port="+secureAddr[strings.LastIndex(secureAddr, ":")+1:],
 	)
-	p := startProcess(t, "tessera-node", bin, args, []string{"NODE_NAME=" + env["NODE_NAME"], "POD_UID=" + env["POD_UID"]})
+	p := startProcess(t, "tessera-node", bin, args, []string{"NODE_NAME=" + env["NODE_NAME"], "POD_NAMESPACE=" + nodeNS, "POD_UID=" + env["POD_UID"]})
 	err = wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
 		if err := p.running(); err != nil {
 			return false, err

@@ -368,8 +368,12 @@ func PlainManifests(r *Rendered, releaseName, namespace string) map[string][]byt
 	}
 	rest.WriteString(header)
 	// helm install --create-namespace creates the namespace; plain
-	// manifests must carry it.
-	fmt.Fprintf(&rest, "---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n", namespace)
+	// manifests must carry it. Nothing in it needs more than Pod Security
+	// "restricted": the node agents and their MPS daemons live in the node
+	// namespace (node.namespace), which the chart itself renders.
+	fmt.Fprintf(&rest, "---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n  labels:\n"+
+		"    pod-security.kubernetes.io/enforce: restricted\n    pod-security.kubernetes.io/audit: restricted\n"+
+		"    pod-security.kubernetes.io/warn: restricted\n", namespace)
 	for _, m := range r.Manifests {
 		rest.WriteString("---\n")
 		rest.WriteString(m)

@@ -55,8 +55,12 @@ func helmBinary(t *testing.T) string {
 // TestHelmCLIInstallUpgradeUninstall installs the chart with the Helm CLI
 // itself (built from the Go module proxy at the version of the Helm library
 // the other tests render with) against a fresh API server, upgrades it with
-// a changed value and uninstalls it, checking what each step leaves behind:
-// install creates the CRDs from crds/ and every object, with Helm's
+// a changed value and uninstalls it, checking what each step leaves behind.
+// The release namespace is created first enforcing Pod Security
+// "restricted": every pod of the release is admitted (the scheduler's and
+// the overview's there, the node agent's in the node namespace the chart
+// creates labelled "privileged"), and uninstall leaves both namespaces.
+// Install creates the CRDs from crds/ and every object, with Helm's
 // ownership; upgrade rolls the DaemonSet (new template, new revision, its
 // pod replaced) and the scheduler's Deployment; uninstall removes every
 // object of the release but keeps the CRDs — and with them the Queues users
@@ -78,6 +82,11 @@ func TestHelmCLIInstallUpgradeUninstall(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	const ns, release = "tessera-system", "tessera"
+	nodeNS := nodeNamespace(ns)
+	restricted := map[string]string{"pod-security.kubernetes.io/enforce": "restricted"}
+	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: restricted}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 
 	// The NVIDIA container toolkit's RuntimeClass, as the GPU operator
 	// creates it (the DaemonSet's pods name it), and a GPU node for the
@@ -135,7 +144,7 @@ func TestHelmCLIInstallUpgradeUninstall(t *testing.T) {
 	crdNames := []string{"podgroups.scheduling.tessera.dev", "queues.scheduling.tessera.dev", "workloaddefinitions.catalog.tessera.dev"}
 
 	// install
-	out := run("install", release, chart, "-n", ns, "--create-namespace", "--set", "image.tag=v0.0.0-test")
+	out := run("install", release, chart, "-n", ns, "--set", "image.tag=v0.0.0-test")
 	if !strings.Contains(out, "STATUS: deployed") || !strings.Contains(out, "schedulerName: tessera-scheduler") {
 		t.Errorf("helm install output lacks the status or the chart's notes:\n%s", out)
 	}
@@ -163,22 +172,47 @@ func TestHelmCLIInstallUpgradeUninstall(t *testing.T) {
 		}
 	}
 	dsPods := func() []corev1.Pod {
-		pods, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=node"})
+		pods, err := client.CoreV1().Pods(nodeNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=node"})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return pods.Items
 	}
 	if !poll(ctx, func() bool { return len(dsPods()) == 1 }) {
-		events, _ := client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
+		events, _ := client.CoreV1().Events(nodeNS).List(ctx, metav1.ListOptions{})
 		var msgs []string
 		for _, e := range events.Items {
 			msgs = append(msgs, e.InvolvedObject.Kind+" "+e.InvolvedObject.Name+": "+e.Reason+": "+e.Message)
 		}
-		ds, _ := client.AppsV1().DaemonSets(ns).Get(ctx, "tessera-node", metav1.GetOptions{})
+		ds, _ := client.AppsV1().DaemonSets(nodeNS).Get(ctx, "tessera-node", metav1.GetOptions{})
 		t.Fatalf("no DaemonSet pod on the GPU node; DaemonSet status %+v; events:\n%s\nkube-controller-manager:\n%s", ds.Status, strings.Join(msgs, "\n"), cp.LogTail("kube-controller-manager", 20))
 	}
 	firstPod := dsPods()[0]
+	// The release namespace enforces "restricted" and admitted the
+	// scheduler's and the overview's pods (the ReplicaSet controller's
+	// creates go through PodSecurity admission; a refusal leaves no pod and a
+	// FailedCreate event).
+	for component, want := range map[string]int{"scheduler": 2, "overview": 1} {
+		var got []corev1.Pod
+		if !poll(ctx, func() bool {
+			pods, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=" + component})
+			got = nil
+			if err == nil {
+				got = pods.Items
+			}
+			return len(got) == want
+		}) {
+			events, _ := client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "reason=FailedCreate"})
+			var msgs []string
+			for _, e := range events.Items {
+				msgs = append(msgs, e.InvolvedObject.Name+": "+e.Message)
+			}
+			t.Errorf("%s: %d pods in the restricted release namespace, want %d; FailedCreate events:\n%s", component, len(got), want, strings.Join(msgs, "\n"))
+		}
+	}
+	if n, err := client.CoreV1().Namespaces().Get(ctx, nodeNS, metav1.GetOptions{}); err != nil || n.Labels["pod-security.kubernetes.io/enforce"] != "privileged" {
+		t.Errorf("node namespace %s: %v, labels %v: want the chart's, enforcing privileged", nodeNS, err, n.GetLabels())
+	}
 	// A user's queue, which must outlive the release.
 	q := &v1alpha1.Queue{ObjectMeta: metav1.ObjectMeta{Name: "team-a"}}
 	if _, err := sched.Queues().Create(ctx, q); err != nil {
@@ -190,14 +224,14 @@ func TestHelmCLIInstallUpgradeUninstall(t *testing.T) {
 	if rev, st := status(); rev != 2 || st != "deployed" {
 		t.Errorf("after upgrade: revision %d %s", rev, st)
 	}
-	ds, err := client.AppsV1().DaemonSets(ns).Get(ctx, "tessera-node", metav1.GetOptions{})
+	ds, err := client.AppsV1().DaemonSets(nodeNS).Get(ctx, "tessera-node", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if ds.Generation != 2 || !slices.Contains(ds.Spec.Template.Spec.Containers[0].Args, "-v=4") {
 		t.Errorf("DaemonSet generation %d args %v: want the new template", ds.Generation, ds.Spec.Template.Spec.Containers[0].Args)
 	}
-	newest := newestRevision(t, ctx, client, ns, ds)
+	newest := newestRevision(t, ctx, client, nodeNS, ds)
 	waitFor(t, ctx, "the DaemonSet's pod replaced by one of the new revision", func() bool {
 		pods := dsPods()
 		return len(pods) == 1 && pods[0].UID != firstPod.UID && pods[0].Labels[appsv1.DefaultDaemonSetUniqueLabelKey] == newest
@@ -219,6 +253,9 @@ func TestHelmCLIInstallUpgradeUninstall(t *testing.T) {
 		t.Errorf("helm uninstall: %s", out)
 	}
 	for _, obj := range r.Objects {
+		if obj.GetKind() == "Namespace" {
+			continue // helm.sh/resource-policy: keep; checked below
+		}
 		waitFor(t, ctx, obj.GetKind()+" "+obj.GetName()+" deleted", func() bool {
 			_, err := dyn.get(ctx, obj)
 			return apierrors.IsNotFound(err)
@@ -232,8 +269,10 @@ func TestHelmCLIInstallUpgradeUninstall(t *testing.T) {
 	if _, err := sched.Queues().Get(ctx, "team-a"); err != nil {
 		t.Errorf("the user's Queue did not survive the uninstall: %v", err)
 	}
-	if _, err := client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{}); err != nil {
-		t.Errorf("namespace %s: %v (helm uninstall leaves it)", ns, err)
+	for _, n := range []string{ns, nodeNS} {
+		if got, err := client.CoreV1().Namespaces().Get(ctx, n, metav1.GetOptions{}); err != nil || got.DeletionTimestamp != nil {
+			t.Errorf("namespace %s: %v (helm uninstall leaves it; the node namespace by helm.sh/resource-policy: keep)", n, err)
+		}
 	}
 	secrets, err := client.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{LabelSelector: "owner=helm"})
 	if err != nil || len(secrets.Items) != 0 {

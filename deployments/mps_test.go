@@ -24,14 +24,16 @@ func TestNodeAgentManagesOnlyItsDaemonPods(t *testing.T) {
 	c := getCluster(t)
 	ctx := context.Background()
 	ns, prefix := install(t, c, "rbac: {queueAdmin: {enabled: false}}")
-	user := "system:serviceaccount:" + ns + ":" + prefix + "-node"
-	onA := impersonate(t, c.cp, user, map[string][]string{nodeNameExtra: {"node-a"}}).CoreV1().Pods(ns)
-	noNode := impersonate(t, c.cp, user, nil).CoreV1().Pods(ns)
+	// The daemon pods live in the node namespace, with the agents.
+	nodeNS := nodeNamespace(ns)
+	user := "system:serviceaccount:" + nodeNS + ":" + prefix + "-node"
+	onA := impersonate(t, c.cp, user, map[string][]string{nodeNameExtra: {"node-a"}}).CoreV1().Pods(nodeNS)
+	noNode := impersonate(t, c.cp, user, nil).CoreV1().Pods(nodeNS)
 	ds := typed(t, render(t, ns, "{fullnameOverride: "+prefix+"}"), "DaemonSet", "", &appsv1.DaemonSet{})
 	image := ds.Spec.Template.Spec.Containers[0].Image
 
 	daemonPod := func(id, node string) *corev1.Pod {
-		l := &sharing.PodLauncher{Namespace: ns, NodeName: node, Image: image, MPSDir: "/run/tessera/mps", RuntimeClassName: "", HostDriverRoot: "/"}
+		l := &sharing.PodLauncher{Namespace: nodeNS, NodeName: node, Image: image, MPSDir: "/run/tessera/mps", RuntimeClassName: "", HostDriverRoot: "/"}
 		spec := sharing.DaemonSpec{ID: id, Claim: "team/c", Devices: []string{"GPU-1"}, PinnedMemoryMiB: []int64{1024}}
 		return l.Pod(spec, sharing.DirsOf(l.MPSDir, id))
 	}
@@ -59,7 +61,7 @@ func TestNodeAgentManagesOnlyItsDaemonPods(t *testing.T) {
 	_, err = onA.Create(ctx, plain, metav1.CreateOptions{})
 	wantForbidden(t, "a pod that is not a daemon pod", err, "may only create and delete MPS daemon pods")
 
-	other, err := c.client.CoreV1().Pods(ns).Create(ctx, daemonPod("c7", "node-b"), metav1.CreateOptions{})
+	other, err := c.client.CoreV1().Pods(nodeNS).Create(ctx, daemonPod("c7", "node-b"), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("admin creates node-b's daemon pod (the policy must not apply to others): %v", err)
 	}
@@ -67,7 +69,7 @@ func TestNodeAgentManagesOnlyItsDaemonPods(t *testing.T) {
 	if own != nil {
 		wantAllowed(t, "node-a agent deletes its own daemon pod", onA.Delete(ctx, own.Name, metav1.DeleteOptions{}))
 	}
-	_ = c.client.CoreV1().Pods(ns).Delete(ctx, other.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+	_ = c.client.CoreV1().Pods(nodeNS).Delete(ctx, other.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
 }
 
 // TestNodePluginWritesClaimStatus: the node plugin's token may write its
@@ -77,7 +79,7 @@ func TestNodePluginWritesClaimStatus(t *testing.T) {
 	c := getCluster(t)
 	ctx := context.Background()
 	ns, prefix := install(t, c, "rbac: {queueAdmin: {enabled: false}}")
-	user := "system:serviceaccount:" + ns + ":" + prefix + "-node"
+	user := "system:serviceaccount:" + nodeNamespace(ns) + ":" + prefix + "-node"
 	claimNS := c.cp.CreateNamespace(t)
 	claim := &resourceapi.ResourceClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: "share", Namespace: claimNS},

@@ -218,7 +218,7 @@ func TestDefaultRender(t *testing.T) {
 	}
 	// Its claims' MPS daemon pods, in its own namespace only.
 	daemons := typed(t, r, "Role", "tessera-node-mps-daemons", &rbacv1.Role{})
-	if daemons.Namespace != testNamespace || !hasRule(daemons.Rules, "", "pods", "create") || !hasRule(daemons.Rules, "", "pods", "delete") || hasRule(daemons.Rules, "", "pods", "update") {
+	if daemons.Namespace != nodeNamespace(testNamespace) || !hasRule(daemons.Rules, "", "pods", "create") || !hasRule(daemons.Rules, "", "pods", "delete") || hasRule(daemons.Rules, "", "pods", "update") {
 		t.Errorf("MPS daemon role %+v", daemons)
 	}
 	for _, arg := range []string{"--mps-daemon=pod", "--mps-daemon-namespace=$(POD_NAMESPACE)", "--mps-daemon-runtime-class=nvidia", "--mps-daemon-image=" + c.Image} {
@@ -248,8 +248,16 @@ func TestDefaultRender(t *testing.T) {
 	if ov.Spec.Replicas == nil || *ov.Spec.Replicas != 1 {
 		t.Errorf("overview replicas = %v, want 1", ov.Spec.Replicas)
 	}
-	if oc := ov.Spec.Template.Spec.Containers[0]; !slices.Equal(oc.Command, []string{"/usr/bin/tessera"}) || !slices.Equal(oc.Args, []string{"top", "--web=:8080", "--interval=1s"}) {
-		t.Errorf("overview runs %v %v, want tessera top --web", oc.Command, oc.Args)
+	if oc := ov.Spec.Template.Spec.Containers[0]; !slices.Equal(oc.Command, []string{"/usr/bin/tessera"}) || !slices.Equal(oc.Args, []string{"top", "--secure-port=8080", "--interval=1s"}) {
+		t.Errorf("overview runs %v %v, want tessera top serving HTTPS only", oc.Command, oc.Args)
+	}
+	// Its page over HTTPS needs a role of its own; nobody is bound by default.
+	viewer := typed(t, r, "ClusterRole", "tessera-overview-viewer", &rbacv1.ClusterRole{})
+	if len(viewer.Rules) != 1 || !slices.Equal(viewer.Rules[0].NonResourceURLs, []string{"/", "/overview.json"}) || !slices.Equal(viewer.Rules[0].Verbs, []string{"get"}) {
+		t.Errorf("overview viewer role = %+v, want get on / and /overview.json only", viewer.Rules)
+	}
+	if slices.Contains(names(ofKind(r, "ClusterRoleBinding")), "tessera-overview-viewer") {
+		t.Error("overview.viewers is empty by default, yet a binding is rendered")
 	}
 	if psc := ov.Spec.Template.Spec.SecurityContext; psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot {
 		t.Error("the overview must run as non-root")
@@ -283,6 +291,112 @@ func TestDefaultRender(t *testing.T) {
 	}
 }
 
+// TestNodeNamespace: the node-side objects (the DaemonSet, its service
+// account, config, MPS daemon Role and metrics Service) render into the node
+// namespace, which the chart creates labelled Pod Security "privileged" and
+// keeps on uninstall; everything else stays in the release namespace; every
+// reference to the node agent's service account names the node namespace.
+func TestNodeNamespace(t *testing.T) {
+	nodeSide := func(obj *unstructured.Unstructured) bool {
+		return obj.GetLabels()["app.kubernetes.io/component"] == "node" && obj.GetNamespace() != "" && obj.GetNamespace() != "kube-system"
+	}
+	check := func(t *testing.T, r *deployments.Rendered, releaseNS, nodeNS string, created bool) {
+		t.Helper()
+		var nodeObjs []string
+		for _, obj := range r.Objects {
+			ns := obj.GetNamespace()
+			switch {
+			case obj.GetKind() == "Namespace" || ns == "" || ns == "kube-system":
+			case nodeSide(obj):
+				nodeObjs = append(nodeObjs, obj.GetKind()+"/"+obj.GetName())
+				if ns != nodeNS {
+					t.Errorf("%s %s in %s, want the node namespace %s", obj.GetKind(), obj.GetName(), ns, nodeNS)
+				}
+			case ns != releaseNS:
+				t.Errorf("%s %s in %s, want the release namespace %s", obj.GetKind(), obj.GetName(), ns, releaseNS)
+			}
+			// Every binding of the node agent's service account names it where it is.
+			if subjects, ok := obj.Object["subjects"].([]any); ok {
+				for _, s := range subjects {
+					sub := s.(map[string]any)
+					if sub["name"] == "tessera-node" && sub["namespace"] != nodeNS {
+						t.Errorf("%s %s binds tessera-node of %v, want %s", obj.GetKind(), obj.GetName(), sub["namespace"], nodeNS)
+					}
+				}
+			}
+		}
+		slices.Sort(nodeObjs)
+		want := []string{"ConfigMap/tessera-node-config", "DaemonSet/tessera-node", "Role/tessera-node-mps-daemons", "RoleBinding/tessera-node-mps-daemons", "Service/tessera-node-metrics", "ServiceAccount/tessera-node"}
+		if !slices.Equal(nodeObjs, want) {
+			t.Errorf("node-side objects = %v, want %v", nodeObjs, want)
+		}
+		for _, p := range ofKind(r, "ValidatingAdmissionPolicy") {
+			if doc := mustYAML(t, p.Object); strings.Contains(doc, "system:serviceaccount:") && strings.Contains(doc, "tessera-node") && !strings.Contains(doc, "system:serviceaccount:"+nodeNS+":tessera-node") {
+				t.Errorf("admission policy %s does not name the node agent as system:serviceaccount:%s:tessera-node", p.GetName(), nodeNS)
+			}
+		}
+		namespaces := ofKind(r, "Namespace")
+		if !created {
+			if len(namespaces) != 0 {
+				t.Errorf("Namespaces rendered: %v, want none", names(namespaces))
+			}
+			return
+		}
+		if len(namespaces) != 1 || namespaces[0].GetName() != nodeNS {
+			t.Fatalf("Namespaces rendered: %v, want %s only", names(namespaces), nodeNS)
+		}
+		n := namespaces[0]
+		for _, mode := range []string{"enforce", "audit", "warn"} {
+			if got := n.GetLabels()["pod-security.kubernetes.io/"+mode]; got != "privileged" {
+				t.Errorf("node namespace label pod-security.kubernetes.io/%s = %q, want privileged", mode, got)
+			}
+		}
+		if n.GetAnnotations()["helm.sh/resource-policy"] != "keep" {
+			t.Errorf("node namespace annotations %v: want helm.sh/resource-policy: keep (uninstall must not delete the MPS daemon pods)", n.GetAnnotations())
+		}
+		// Helm installs namespaces first (InstallOrder); the admission
+		// policies come before them only because they are cluster-scoped.
+		for i, obj := range r.Objects {
+			if obj.GetNamespace() == nodeNS {
+				t.Errorf("%s %s (object %d) comes before its namespace", obj.GetKind(), obj.GetName(), i)
+			}
+			if obj.GetKind() == "Namespace" {
+				break
+			}
+		}
+	}
+	t.Run("default", func(t *testing.T) {
+		check(t, render(t, testNamespace, ""), testNamespace, testNamespace+"-node", true)
+		if nodeNamespace(testNamespace) != testNamespace+"-node" {
+			t.Error("the tests' nodeNamespace differs from the chart's default")
+		}
+	})
+	t.Run("node.namespace", func(t *testing.T) {
+		check(t, render(t, testNamespace, `node: {namespace: gpu-agents}`), testNamespace, "gpu-agents", true)
+	})
+	t.Run("node.createNamespace=false", func(t *testing.T) {
+		check(t, render(t, testNamespace, `node: {createNamespace: false}`), testNamespace, testNamespace+"-node", false)
+	})
+	t.Run("one namespace", func(t *testing.T) {
+		check(t, render(t, testNamespace, `node: {namespace: `+testNamespace+`}`), testNamespace, testNamespace, false)
+	})
+	t.Run("node disabled", func(t *testing.T) {
+		if r := render(t, testNamespace, `node: {enabled: false}`); len(ofKind(r, "Namespace")) != 0 {
+			t.Error("node.enabled=false still creates the node namespace")
+		}
+	})
+	t.Run("release namespace too long for the default", func(t *testing.T) {
+		long := strings.Repeat("n", 60)
+		_, err := deployments.Render(deployments.Options{Namespace: long})
+		if !errors.Is(err, deployments.ErrInvalidValues) || !strings.Contains(err.Error(), "longer than 63 characters") || !strings.Contains(err.Error(), "node.namespace") {
+			t.Errorf("render in a 60-character namespace: %v, want a clear error naming node.namespace", err)
+		}
+		if _, err := deployments.Render(deployments.Options{Namespace: long, Values: values(t, `node: {namespace: gpu-agents}`)}); err != nil {
+			t.Errorf("with node.namespace set: %v", err)
+		}
+	})
+}
+
 func TestRenderCombinations(t *testing.T) {
 	for _, tc := range combinations {
 		t.Run(tc.name, func(t *testing.T) {
@@ -301,7 +415,7 @@ var combinations = []struct {
 }{
 	{
 		name:   "secure serving (the default) with ServiceMonitors",
-		values: `{serviceMonitor: {enabled: true}, secureServing: {scrapers: [{kind: ServiceAccount, name: prometheus-k8s, namespace: monitoring}]}}`,
+		values: `{serviceMonitor: {enabled: true}, secureServing: {scrapers: [{kind: ServiceAccount, name: prometheus-k8s, namespace: monitoring}]}, overview: {viewers: [{kind: Group, name: platform-admins, apiGroup: rbac.authorization.k8s.io}]}}`,
 		check: func(t *testing.T, r *deployments.Rendered) {
 			checkServing(t, r, true)
 			if n := len(ofKind(r, "ServiceMonitor")); n != 3 {
@@ -310,10 +424,14 @@ var combinations = []struct {
 			for _, sm := range ofKind(r, "ServiceMonitor") {
 				ep, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
 				e := ep[0].(map[string]any)
-				secure := !strings.HasSuffix(sm.GetName(), "-overview")
+				secure := true // the overview's too
 				if got := e["scheme"] == "https" && e["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"; got != secure {
 					t.Errorf("ServiceMonitor %s endpoint %v: HTTPS with the token = %v, want %v", sm.GetName(), e, got, secure)
 				}
+			}
+			viewers := typed(t, r, "ClusterRoleBinding", "tessera-overview-viewer", &rbacv1.ClusterRoleBinding{})
+			if viewers.RoleRef.Name != "tessera-overview-viewer" || len(viewers.Subjects) != 1 || viewers.Subjects[0].Name != "platform-admins" {
+				t.Errorf("overview viewer binding = %+v", viewers)
 			}
 			crb := typed(t, r, "ClusterRoleBinding", "tessera-metrics-reader", &rbacv1.ClusterRoleBinding{})
 			if crb.RoleRef.Name != "tessera-metrics-reader" || len(crb.Subjects) != 1 || crb.Subjects[0].Name != "prometheus-k8s" {
@@ -328,7 +446,7 @@ var combinations = []struct {
 			checkServing(t, r, false)
 			for _, kind := range []string{"ClusterRoleBinding", "RoleBinding", "ClusterRole"} {
 				for _, n := range names(ofKind(r, kind)) {
-					if strings.Contains(n, "auth-delegator") || strings.Contains(n, "authentication-reader") || strings.Contains(n, "metrics-reader") {
+					if strings.Contains(n, "auth-delegator") || strings.Contains(n, "authentication-reader") || strings.Contains(n, "metrics-reader") || strings.Contains(n, "overview-viewer") {
 						t.Errorf("%s %s rendered for plain HTTP", kind, n)
 					}
 				}
@@ -640,7 +758,7 @@ node:
 				t.Errorf("scheduler image = %s", img)
 			}
 			vap := ofKind(r, "ValidatingAdmissionPolicy")
-			if len(vap) != 3 || !strings.Contains(mustYAML(t, vap[0].Object), `system:serviceaccount:`+testNamespace+`:gpu-node`) || !strings.Contains(mustYAML(t, vap[1].Object), `system:serviceaccount:`+testNamespace+`:gpu-node`) {
+			if len(vap) != 3 || !strings.Contains(mustYAML(t, vap[0].Object), `system:serviceaccount:`+nodeNamespace(testNamespace)+`:gpu-node`) || !strings.Contains(mustYAML(t, vap[1].Object), `system:serviceaccount:`+nodeNamespace(testNamespace)+`:gpu-node`) {
 				t.Errorf("the node policies must name the renamed service account")
 			}
 			if !slices.ContainsFunc(vap, func(v *unstructured.Unstructured) bool {
@@ -713,6 +831,8 @@ func TestInvalidValues(t *testing.T) {
 		{`{overview: {enabled: false}, prometheusRule: {enabled: true}}`, "need overview.enabled=true"},
 		{`prometheusRule: {gangPendingMinutes: 0}`, "/prometheusRule/gangPendingMinutes"},
 		{`overview: {refresh: soon}`, "/overview/refresh"},
+		{`node: {namespace: Tessera_Node}`, "/node/namespace"},
+		{`node: {createNamespace: "yes"}`, "/node/createNamespace"},
 		{`exampleQueues: {queues: [{name: a, spec: {resources: {gpu: {quota: "-1"}}}}]}`, "/exampleQueues/queues/0/spec/resources/gpu/quota"},
 	} {
 		t.Run(tc.values, func(t *testing.T) {
@@ -806,6 +926,7 @@ func checkServing(t *testing.T, r *deployments.Rendered, secure bool) {
 	t.Helper()
 	dep := typed(t, r, "Deployment", "tessera-scheduler", &appsv1.Deployment{})
 	ds := typed(t, r, "DaemonSet", "", &appsv1.DaemonSet{})
+	ov := typed(t, r, "Deployment", "tessera-overview", &appsv1.Deployment{})
 	scheme, name := corev1.URISchemeHTTP, "http"
 	if secure {
 		scheme, name = corev1.URISchemeHTTPS, "https"
@@ -814,11 +935,16 @@ func checkServing(t *testing.T, r *deployments.Rendered, secure bool) {
 		c     corev1.Container
 		plain string // the plain-HTTP flag
 		port  string
+		// plainArgs are the serving flags of plain HTTP.
+		plainArgs []string
 	}{
-		{dep.Spec.Template.Spec.Containers[0], "--metrics-bind-address", "10359"},
-		{ds.Spec.Template.Spec.Containers[0], "--http-address", "10358"},
+		{dep.Spec.Template.Spec.Containers[0], "--metrics-bind-address", "10359", []string{"--secure-port=0", "--metrics-bind-address=:10359"}},
+		{ds.Spec.Template.Spec.Containers[0], "--http-address", "10358", []string{"--secure-port=0", "--http-address=:10358"}},
+		// tessera top serves no HTTPS unless --secure-port is given, and
+		// plain HTTP on a pod's addresses only with --web-allow-remote.
+		{ov.Spec.Template.Spec.Containers[0], "--web", "8080", []string{"--web=:8080", "--web-allow-remote"}},
 	} {
-		wantArgs := []string{"--secure-port=0", tc.plain + "=:" + tc.port}
+		wantArgs := tc.plainArgs
 		if secure {
 			wantArgs = []string{"--secure-port=" + tc.port}
 		}
@@ -840,7 +966,7 @@ func checkServing(t *testing.T, r *deployments.Rendered, secure bool) {
 			}
 		}
 	}
-	for _, svc := range []string{"tessera-scheduler-metrics", "tessera-node-metrics"} {
+	for _, svc := range []string{"tessera-scheduler-metrics", "tessera-node-metrics", "tessera-overview-metrics"} {
 		s := typed(t, r, "Service", svc, &corev1.Service{})
 		if s.Spec.Ports[0].TargetPort.String() != name {
 			t.Errorf("Service %s targets %s, want %s", svc, s.Spec.Ports[0].TargetPort.String(), name)

@@ -59,8 +59,8 @@ func httpsGet(url, token string) (int, string, error) {
 	return resp.StatusCode, string(body), err
 }
 
-// TestSecureEndpointsWithChartAccess runs tessera-scheduler and tessera-node
-// with the chart's flags (HTTPS, the default) as their service accounts with
+// TestSecureEndpointsWithChartAccess runs tessera-scheduler, tessera-node and
+// the overview (tessera top) with the chart's flags (HTTPS, the default) as their service accounts with
 // nothing but the chart's RBAC, which must let them delegate authentication
 // (TokenReview) and authorization (SubjectAccessReview) to the real API
 // server: /metrics refuses a request without a token (403 for system:anonymous,
@@ -71,7 +71,7 @@ func TestSecureEndpointsWithChartAccess(t *testing.T) {
 	c := getCluster(t)
 	ctx := context.Background()
 	scrapers := c.cp.CreateNamespace(t)
-	ns, prefix := install(t, c, fmt.Sprintf("rbac: {queueAdmin: {enabled: false}}, secureServing: {scrapers: [{kind: ServiceAccount, name: prometheus, namespace: %s}]}", scrapers))
+	ns, prefix := install(t, c, fmt.Sprintf("rbac: {queueAdmin: {enabled: false}}, secureServing: {scrapers: [{kind: ServiceAccount, name: prometheus, namespace: %[1]s}]}, overview: {viewers: [{kind: ServiceAccount, name: viewer, namespace: %[1]s}]}", scrapers))
 	token := func(name string) string {
 		if _, err := c.client.CoreV1().ServiceAccounts(scrapers).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -82,7 +82,7 @@ func TestSecureEndpointsWithChartAccess(t *testing.T) {
 		}
 		return tr.Status.Token
 	}
-	prometheus, other := token("prometheus"), token("other")
+	prometheus, other, viewer := token("prometheus"), token("other"), token("viewer")
 
 	nodeName := framework.UniqueName("gpu-node")
 	if _, err := c.client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}}, metav1.CreateOptions{}); err != nil {
@@ -102,12 +102,24 @@ func TestSecureEndpointsWithChartAccess(t *testing.T) {
 	args = append(args, "--kubeconfig="+kubeconfig, "--bind-address=127.0.0.1", "--secure-port="+port(schedAddr))
 	sched := startProcess(t, "tessera-scheduler", binary(t, "tessera-scheduler"), args, nil)
 
+	// The overview (tessera top) with exactly the chart's flags but the address.
+	overviewAddr := freeAddr(t)
+	ovKubeconfig := saKubeconfig(t, c, t.TempDir(), ns, prefix+"-overview", nil)
+	ovDep := typed(t, render(t, ns, "{fullnameOverride: "+prefix+"}"), "Deployment", prefix+"-overview", &appsv1.Deployment{})
+	ovArgs := ovDep.Spec.Template.Spec.Containers[0].Args
+	if !slices.Contains(ovArgs, "--secure-port=8080") || slices.ContainsFunc(ovArgs, func(a string) bool { return strings.HasPrefix(a, "--web") }) {
+		t.Fatalf("the chart's overview does not serve HTTPS only by default: %q", ovArgs)
+	}
+	ovArgs = append(ovArgs, "--kubeconfig="+ovKubeconfig, "--bind-address=127.0.0.1", "--secure-port="+port(overviewAddr))
+	ov := startProcess(t, "tessera-overview", binary(t, "tessera"), ovArgs, nil)
+
 	for _, agent := range []struct {
 		name, addr, metric string
 		p                  *process
 	}{
 		{"tessera-scheduler", schedAddr, "tessera_scheduler_", sched},
 		{"tessera-node", node.secureAddr, "tessera_node_", node.process},
+		{"tessera-overview", overviewAddr, "tessera_cluster_", ov},
 	} {
 		t.Run(agent.name, func(t *testing.T) {
 			base := "https://" + agent.addr
@@ -128,8 +140,32 @@ func TestSecureEndpointsWithChartAccess(t *testing.T) {
 				{"no token (system:anonymous)", "/metrics", "", http.StatusForbidden, `system:anonymous\" cannot get path \"/metrics\"`},
 				{"a service account without the metrics-reader role", "/metrics", other, http.StatusForbidden, `cannot get path \"/metrics\"`},
 				{"the scraper the chart binds", "/metrics", prometheus, http.StatusOK, agent.metric},
+				// The kube-scheduler's answer to a token the API server does not know.
+				{"an unknown token", "/metrics", "not-a-token", http.StatusUnauthorized, "Unauthorized"},
 				{"livez without a token", "/livez", "", http.StatusOK, "ok"},
 				{"readyz without a token", "/readyz", "", http.StatusOK, "ok"},
+			} {
+				code, body, err := httpsGet(base+tc.path, tc.token)
+				if err != nil || code != tc.want || !strings.Contains(body, tc.body) {
+					t.Errorf("%s: GET %s = %d %.300q (%v), want %d with %q", tc.what, tc.path, code, body, err, tc.want, tc.body)
+				}
+			}
+			if agent.name != "tessera-overview" {
+				return
+			}
+			// The page and /overview.json: only for overview.viewers (the
+			// ClusterRole <release>-overview-viewer), not for the scraper.
+			for _, tc := range []struct {
+				what, path, token string
+				want              int
+				body              string
+			}{
+				{"the page without a token", "/", "", http.StatusForbidden, `system:anonymous\" cannot get path \"/\"`},
+				{"the page for the scraper", "/", prometheus, http.StatusForbidden, `cannot get path \"/\"`},
+				{"the page for a viewer", "/", viewer, http.StatusOK, "<html"},
+				{"/overview.json for a viewer", "/overview.json", viewer, http.StatusOK, `"nodes"`},
+				{"/overview.json for another service account", "/overview.json", other, http.StatusForbidden, `cannot get path \"/overview.json\"`},
+				{"/metrics for a viewer", "/metrics", viewer, http.StatusForbidden, `cannot get path \"/metrics\"`},
 			} {
 				code, body, err := httpsGet(base+tc.path, tc.token)
 				if err != nil || code != tc.want || !strings.Contains(body, tc.body) {
@@ -148,8 +184,12 @@ func TestServingAccess(t *testing.T) {
 	c := getCluster(t)
 	for _, secure := range []bool{true, false} {
 		ns, prefix := install(t, c, fmt.Sprintf("rbac: {queueAdmin: {enabled: false}}, secureServing: {enabled: %t}", secure))
-		for _, agent := range []string{"node", "scheduler"} {
-			user := "system:serviceaccount:" + ns + ":" + prefix + "-" + agent
+		for _, agent := range []string{"node", "scheduler", "overview"} {
+			saNS := ns
+			if agent == "node" {
+				saNS = nodeNamespace(ns)
+			}
+			user := "system:serviceaccount:" + saNS + ":" + prefix + "-" + agent
 			checkAccess(t, c, agent, user, []access{
 				{"create", "authentication.k8s.io", "tokenreviews", "", "", secure},
 				{"create", "authorization.k8s.io", "subjectaccessreviews", "", "", secure},
@@ -199,7 +239,9 @@ func violations(err error) []string {
 // default): the scheduler and overview pass `restricted`; the node agent and
 // the MPS daemons are refused by `restricted` and `baseline` with exactly the
 // violations docs/install.md names with their reasons, and admitted by
-// `privileged`, the level the release namespace needs.
+// `privileged`, the level of the node namespace the chart creates. The chart
+// rendered into a release namespace enforcing `restricted` has every pod
+// admitted where it puts it.
 func TestPodSecurityAdmission(t *testing.T) {
 	c := getCluster(t)
 	ctx := context.Background()
@@ -261,15 +303,71 @@ func TestPodSecurityAdmission(t *testing.T) {
 		cases = append(cases, pc)
 	}
 
+	psaCreate := func(ns string, spec corev1.PodSpec) error {
+		spec = *spec.DeepCopy()
+		// PodSecurity looks at the pod alone; the service accounts and
+		// nodes of a real install are not there.
+		spec.ServiceAccountName, spec.NodeName = "", ""
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "psa-probe"}, Spec: spec}
+		_, err := c.client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err
+	}
+
+	// The chart as installed: the release namespace enforcing restricted
+	// (as docs/install.md tells to label it), the node namespace as the
+	// chart creates it. Every pod template is admitted where the chart puts
+	// it, the MPS daemon pods too; the node agent in the release namespace
+	// is refused with exactly the violations listed above.
+	t.Run("chart with the release namespace restricted", func(t *testing.T) {
+		releaseNS := level["restricted"]
+		r := render(t, releaseNS, "{fullnameOverride: tessera, overview: {enabled: true}}")
+		namespaces := ofKind(r, "Namespace")
+		if len(namespaces) != 1 {
+			t.Fatalf("the chart renders Namespaces %v, want the node namespace", names(namespaces))
+		}
+		c.create(t, namespaces[0], "")
+		nodeNS := namespaces[0].GetName()
+		if err := c.cp.WaitDefaultServiceAccount(ctx, c.client, nodeNS); err != nil {
+			t.Fatal(err)
+		}
+		var admitted []string
+		for _, obj := range r.Objects {
+			var spec corev1.PodSpec
+			switch obj.GetKind() {
+			case "DaemonSet":
+				spec = typed(t, r, "DaemonSet", obj.GetName(), &appsv1.DaemonSet{}).Spec.Template.Spec
+			case "Deployment":
+				spec = typed(t, r, "Deployment", obj.GetName(), &appsv1.Deployment{}).Spec.Template.Spec
+			default:
+				continue
+			}
+			if err := psaCreate(obj.GetNamespace(), spec); err != nil {
+				t.Errorf("%s %s refused in its namespace %s: %v", obj.GetKind(), obj.GetName(), obj.GetNamespace(), err)
+			}
+			admitted = append(admitted, obj.GetNamespace()+"/"+obj.GetName())
+			if obj.GetKind() == "DaemonSet" {
+				err := psaCreate(releaseNS, spec)
+				if want := cases[2].refused["restricted"]; err == nil || !slices.Equal(violations(err), want) {
+					t.Errorf("node agent in the release namespace: %v, want refused with %q", err, want)
+				}
+			}
+		}
+		slices.Sort(admitted)
+		if want := []string{nodeNS + "/tessera-node", releaseNS + "/tessera-overview", releaseNS + "/tessera-scheduler"}; !slices.Equal(admitted, want) {
+			t.Errorf("pod templates checked = %v, want %v", admitted, want)
+		}
+		for _, rc := range []string{"nvidia", ""} {
+			l := &sharing.PodLauncher{Namespace: nodeNS, NodeName: "n1", Image: "tessera:test", MPSDir: "/run/tessera/mps", RuntimeClassName: rc, HostDriverRoot: "/"}
+			if err := psaCreate(nodeNS, l.Pod(spec, dirs).Spec); err != nil {
+				t.Errorf("MPS daemon (runtime class %q) refused in the node namespace: %v", rc, err)
+			}
+		}
+	})
+
 	for _, pc := range cases {
 		for _, l := range []string{"restricted", "baseline", "privileged"} {
 			t.Run(pc.name+" in "+l, func(t *testing.T) {
-				spec := *pc.spec.DeepCopy()
-				// PodSecurity looks at the pod alone; the service accounts
-				// and nodes of a real install are not there.
-				spec.ServiceAccountName, spec.NodeName = "", ""
-				pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "psa-probe"}, Spec: spec}
-				_, err := c.client.CoreV1().Pods(level[l]).Create(ctx, pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+				err := psaCreate(level[l], pc.spec)
 				want, refused := pc.refused[l]
 				switch {
 				case !refused && err != nil:

@@ -303,7 +303,7 @@ func TestSwitchingAndBack(t *testing.T) {
 	if pdbExists() || can(t, c, schedulerSA, "create", "", "pods/binding", "team-a", "") {
 		t.Errorf("after scheduler.enabled=false: PDB %t, the scheduler's service account may still bind", pdbExists())
 	}
-	if _, err := c.client.AppsV1().DaemonSets(ns).Get(ctx, release+"-node", metav1.GetOptions{}); err != nil {
+	if _, err := c.client.AppsV1().DaemonSets(nodeNamespace(ns)).Get(ctx, release+"-node", metav1.GetOptions{}); err != nil {
 		t.Errorf("the node agent's DaemonSet went with the scheduler: %v", err)
 	}
 	createPod("team-a", "stock-after-a", corev1.DefaultSchedulerName)

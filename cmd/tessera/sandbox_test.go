@@ -34,7 +34,7 @@ func TestBrowseURL(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := browseURL(tcp); got != want {
+		if got := browseURL("http", tcp); got != want {
 			t.Errorf("browseURL(%s) = %s, want %s", addr, got, want)
 		}
 	}

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -23,6 +25,7 @@ import (
 	"github.com/tessera-gpu/tessera/controlplane/overview"
 	"github.com/tessera-gpu/tessera/controlplane/overview/web"
 	"github.com/tessera-gpu/tessera/internal/metricsconv"
+	"github.com/tessera-gpu/tessera/internal/secureserve"
 )
 
 // kubeFlags are --kubeconfig and --context, resolved as every tessera binary
@@ -49,7 +52,8 @@ func newTopCommand() *cobra.Command {
 		kube     kubeFlags
 		once     bool
 		interval time.Duration
-		webAddr  string
+		serving  = secureserve.NewOptions("tessera-overview", 0)
+		remote   bool
 	)
 	cmd := &cobra.Command{
 		Use:   "top",
@@ -63,17 +67,33 @@ With --web ADDRESS it serves the same overview as a web page that refreshes
 itself (one self-contained page, no external assets), /overview.json for
 scripts, and /metrics: the overview as Prometheus metrics
 (tessera_cluster_*, which the chart's Grafana dashboard and alerts use).
-The chart runs it as the tessera-overview Deployment.`,
-		Example: "  tessera top\n  tessera top --once\n  tessera top --web :8080    # then open http://localhost:8080/",
+--web is plain HTTP without authentication, read with your own credentials,
+so it listens on a loopback address only (localhost:8080) unless
+--web-allow-remote says otherwise.
+
+With --secure-port PORT it serves them over HTTPS the way the kube-scheduler
+serves its endpoints: a self-signed certificate unless --tls-cert-file is
+given, every request's bearer token checked by the API server (TokenReview)
+and its access by RBAC (SubjectAccessReview: get on the non-resource URLs /,
+/overview.json, /metrics); /healthz, /readyz and /livez are open. The chart
+runs it so as the tessera-overview Deployment.`,
+		Example: "  tessera top\n  tessera top --once\n  tessera top --web localhost:8080    # then open http://localhost:8080/\n  tessera top --secure-port 8443      # HTTPS, delegated authentication and authorization",
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			web := serving.InsecureAddress != "" || serving.SecureServing.BindPort != 0
+			if web {
+				if err := validateServing(serving, remote); err != nil {
+					return err
+				}
+			}
 			cfg, err := kube.config()
 			if err != nil {
 				return err
 			}
-			if webAddr != "" {
+			if web {
+				serving.DefaultKubeconfig(kube.kubeconfig)
 				ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 				defer stop()
-				return serveWeb(ctx, cfg, webAddr, interval, cmd.OutOrStdout())
+				return serveWeb(ctx, cfg, serving, interval, cmd.OutOrStdout())
 			}
 			out := cmd.OutOrStdout()
 			fd := -1
@@ -119,14 +139,39 @@ The chart runs it as the tessera-overview Deployment.`,
 	kube.register(cmd)
 	cmd.Flags().BoolVar(&once, "once", false, "print one frame as plain text and exit")
 	cmd.Flags().DurationVar(&interval, "interval", time.Second, "refresh interval")
-	cmd.Flags().StringVar(&webAddr, "web", "", "serve the overview as a web page (and /metrics) at this address, e.g. :8080")
+	serving.AddFlags(cmd.Flags(), "web", "web view (the page, /overview.json, /metrics and /healthz; e.g. localhost:8080)")
+	cmd.Flags().BoolVar(&remote, "web-allow-remote", false, "let --web listen on an address other than loopback (plain HTTP without authentication, reachable from the network: only for a trusted network)")
 	return cmd
 }
 
-// serveWeb runs `tessera top --web`: informer caches of what the overview
-// reads, the page, /overview.json, /metrics (the cluster metrics) and
-// /healthz, until ctx ends.
-func serveWeb(ctx context.Context, cfg *rest.Config, addr string, refresh time.Duration, out io.Writer) error {
+// validateServing checks the serving flags; plain HTTP is served on a
+// loopback address unless allowed otherwise: the page shows what the user's
+// own credentials (or the pod's service account) can read, to anyone who can
+// connect.
+func validateServing(o *secureserve.Options, remote bool) error {
+	if errs := o.Validate(); len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	if o.InsecureAddress == "" || remote {
+		return nil
+	}
+	host, _, err := net.SplitHostPort(o.InsecureAddress)
+	if err != nil {
+		return fmt.Errorf("--web %q: %w", o.InsecureAddress, err)
+	}
+	if ip := net.ParseIP(host); host == "localhost" || (ip != nil && ip.IsLoopback()) {
+		return nil
+	}
+	return fmt.Errorf("--web %s would serve the overview over plain HTTP without authentication to the network: "+
+		"use a loopback address (localhost:8080, 127.0.0.1:8080), --secure-port for HTTPS with delegated authentication and authorization, "+
+		"or --web-allow-remote on a trusted network", o.InsecureAddress)
+}
+
+// serveWeb runs `tessera top --web` / `--secure-port`: informer caches of
+// what the overview reads, the page, /overview.json, /metrics (the cluster
+// metrics) and the health paths, until ctx ends (internal/secureserve: HTTPS
+// behind delegated authentication and authorization, plain HTTP on --web).
+func serveWeb(ctx context.Context, cfg *rest.Config, serving *secureserve.Options, refresh time.Duration, out io.Writer) error {
 	watcher, err := overview.NewWatcher(cfg)
 	if err != nil {
 		return err
@@ -144,36 +189,39 @@ func serveWeb(ctx context.Context, cfg *rest.Config, addr string, refresh time.D
 	mux := http.NewServeMux()
 	mux.Handle("/", web.Handler(watcher, web.Options{Refresh: refresh}))
 	mux.Handle("/metrics", metricsconv.Handler(reg))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	ln, err := net.Listen("tcp", addr)
+	// The informers have synced: healthy and ready while the process runs
+	// (the always-allowed paths of the HTTPS endpoint).
+	for _, path := range []string{"/healthz", "/readyz", "/livez"} {
+		mux.HandleFunc(path, func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	}
+	srv, err := serving.Serve(ctx, mux)
 	if err != nil {
-		return fmt.Errorf("--web %s: %w", addr, err)
+		return err
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	errs := make(chan error, 1)
-	go func() { errs <- srv.Serve(ln) }()
-	fmt.Fprintf(out, "tessera top: the overview at %s (also /overview.json and /metrics); Ctrl-C stops\n", browseURL(ln.Addr()))
-	select {
-	case <-ctx.Done():
-	case err := <-errs:
-		return fmt.Errorf("--web: %w", err)
+	defer srv.Stop()
+	var where []string
+	if srv.InsecureAddr != nil {
+		where = append(where, browseURL("http", srv.InsecureAddr))
 	}
-	shutdown, cancelShutdown := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancelShutdown()
-	return srv.Shutdown(shutdown)
+	if srv.SecureAddr != nil {
+		where = append(where, browseURL("https", srv.SecureAddr)+" (a bearer token allowed to get it)")
+	}
+	fmt.Fprintf(out, "tessera top: the overview at %s (also /overview.json and /metrics); Ctrl-C stops\n", strings.Join(where, " and "))
+	<-ctx.Done()
+	return nil
 }
 
 // browseURL is the address to open: an unspecified host (":8080") is
 // reachable as localhost.
-func browseURL(a net.Addr) string {
+func browseURL(scheme string, a net.Addr) string {
 	host, port, err := net.SplitHostPort(a.String())
 	if err != nil {
-		return "http://" + a.String() + "/"
+		return scheme + "://" + a.String() + "/"
 	}
 	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
 		host = "localhost"
 	}
-	return "http://" + net.JoinHostPort(host, port) + "/"
+	return scheme + "://" + net.JoinHostPort(host, port) + "/"
 }
 
 func newGetCommand() *cobra.Command {

@@ -44,9 +44,20 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 {{- end -}}
 
+{{/*
+The namespace of the node-side pods (the node agents' DaemonSet and the MPS
+daemon pods they create) and of their service account, config, Role and
+metrics Service: node.namespace, else "<release namespace>-node". It is
+apart from the release namespace so that the latter can enforce Pod Security
+"restricted" while this one admits the privileged node agent.
+*/}}
+{{- define "tessera.node.namespace" -}}
+{{- default (printf "%s-node" .Release.Namespace) .Values.node.namespace -}}
+{{- end -}}
+
 {{/* The service-account user names that RBAC and the admission policies name. */}}
 {{- define "tessera.node.user" -}}
-system:serviceaccount:{{ .Release.Namespace }}:{{ include "tessera.node.name" . }}
+system:serviceaccount:{{ include "tessera.node.namespace" . }}:{{ include "tessera.node.name" . }}
 {{- end -}}
 {{- define "tessera.scheduler.user" -}}
 system:serviceaccount:{{ .Release.Namespace }}:{{ include "tessera.scheduler.name" . }}
@@ -77,6 +88,9 @@ message. Every template includes it, so a bad combination fails the render.
 {{- end -}}
 {{- if and $s.enabled $s.podDisruptionBudget.enabled (not $s.shadow.enabled) (ge (int $s.podDisruptionBudget.minAvailable) (int $s.replicas)) (gt (int $s.replicas) 0) -}}
 {{- fail (printf "invalid values: scheduler.podDisruptionBudget.minAvailable (%d) must be below scheduler.replicas (%d), or no node running a scheduler could ever be drained" (int $s.podDisruptionBudget.minAvailable) (int $s.replicas)) -}}
+{{- end -}}
+{{- if and $n.enabled (gt (len (include "tessera.node.namespace" .)) 63) -}}
+{{- fail (printf "invalid values: the node agents' namespace %q is longer than 63 characters (a namespace name is a DNS label); set node.namespace" (include "tessera.node.namespace" .)) -}}
 {{- end -}}
 {{- if and (eq $n.securityProfile "restricted") (not $n.runtimeClassName) -}}
 {{- fail "invalid values: node.securityProfile=restricted needs node.runtimeClassName: an unprivileged container gets the GPUs only through the NVIDIA runtime" -}}
