@@ -3,9 +3,10 @@
 # `tessera sandbox up --operators` run — JobSet, LeaderWorkerSet, KubeRay, the
 # MPI Operator, Kubeflow Trainer v2, the training-operator (PyTorchJob) and Kueue
 # (the fair benchmark harness's queue pair), or only those named as arguments
-# (jobset lws kuberay mpi-operator trainer training-operator kueue) — from the Go module proxy at the versions pinned in
-# test/operators/modules/<name>, with the code an installed `tessera sandbox up
-# --operators` uses (sandbox/opbin, driven by hack/build-operators/main.go).
+# (jobset lws kuberay mpi-operator trainer training-operator kueue) — from the
+# Go module proxy at the versions pinned in test/operators/modules/<name>, with
+# the code an installed `tessera sandbox up --operators` uses (sandbox/opbin,
+# driven by hack/build-operators/main.go).
 #
 # Each operator goes into ~/.cache/tessera/operators/<name>/<stamp>, keyed by
 # the hash of its module (go.mod, go.sum, tools.go), its main package and the
