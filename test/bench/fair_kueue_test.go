@@ -635,7 +635,7 @@ type quotaResult struct {
 	lastAdmit, lastBind time.Time
 }
 
-func newQuotaMonitor(b *testing.B, kube kubernetes.Interface, ns string, shape kueueShape, suspends bool) *quotaMonitor {
+func newQuotaMonitor(b testing.TB, kube kubernetes.Interface, ns string, shape kueueShape, suspends bool) *quotaMonitor {
 	b.Helper()
 	m := &quotaMonitor{shape: shape, suspends: suspends, jobs: map[string]bool{}, jobBound: map[string]int{}, pods: map[string]bool{},
 		gpus: map[string]int64{}, admGPUs: map[string]int64{}, maxGPUs: map[string]int64{}, stopCh: make(chan struct{})}
