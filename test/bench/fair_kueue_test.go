@@ -136,7 +136,8 @@ type kueueResult struct {
 	reads, writes float64 // API requests per expected pod, all clients
 	load          string
 	maxGPUs       map[string]int64 // most GPUs bound per queue at any time
-	throttled     int
+	throttled     int              // client-side throttling lines of the scheduling side
+	kcmThrottled  int              // and of the kube-controller-manager
 }
 
 func (r kueueResult) podsPerSec() float64 {
@@ -147,9 +148,9 @@ func (r kueueResult) podsPerSec() float64 {
 }
 
 func (r kueueResult) describe() string {
-	return fmt.Sprintf("cold %v, admitted all in %v, bound all in %v (%d pods, %d pending, %.0f pods/s), jobs admitted a=%d b=%d (%d beyond quota), most GPUs bound a=%d b=%d, %d quota violations%s; %.1f CPU-s, peak RSS %.0f MiB, %.2f reads + %.2f writes per pod, %d throttling lines, load average %s",
+	return fmt.Sprintf("cold %v, admitted all in %v, bound all in %v (%d pods, %d pending, %.0f pods/s), jobs admitted a=%d b=%d (%d beyond quota), most GPUs bound a=%d b=%d, %d quota violations%s; %.1f CPU-s, peak RSS %.0f MiB, %.2f reads + %.2f writes per pod, %d throttling lines (kube-controller-manager %d), load average %s",
 		r.cold.Round(time.Millisecond), r.admit.Round(time.Millisecond), r.bind.Round(time.Millisecond), r.pods, r.pending, r.podsPerSec(),
-		r.admitted["a"], r.admitted["b"], r.extra, r.maxGPUs["a"], r.maxGPUs["b"], r.violations, r.violation, r.cpu, r.peakRSS, r.reads, r.writes, r.throttled, r.load)
+		r.admitted["a"], r.admitted["b"], r.extra, r.maxGPUs["a"], r.maxGPUs["b"], r.violations, r.violation, r.cpu, r.peakRSS, r.reads, r.writes, r.throttled, r.kcmThrottled, r.load)
 }
 
 // fairKueue runs the pair -fair-runs times per side, order alternated, and returns its row.
@@ -216,7 +217,10 @@ func kueueRun(b *testing.B, env *fairEnv, shape kueueShape, which string, run in
 	ctx, cancel := context.WithTimeout(klog.NewContext(context.Background(), klog.Background()), 60*time.Minute)
 	defer cancel()
 	label := fmt.Sprintf("run %d kueue %s", run, which)
-	cp, kube, tc, ns := startFairCluster(ctx, b, scenario{})
+	// The job and resourceclaim controllers create the pods and claims on both sides: their
+	// client QPS (default 20) raised as the schedulers' is.
+	kcmQPS := []string{fmt.Sprintf("--kube-api-qps=%d", *fairQPS), fmt.Sprintf("--kube-api-burst=%d", 2**fairQPS)}
+	cp, kube, tc, ns := startFairCluster(ctx, b, scenario{kcmFlags: kcmQPS})
 	defer cp.Stop()
 	cfg := rest.CopyConfig(cp.Config)
 	cfg.QPS, cfg.Burst = 2000, 4000
@@ -272,7 +276,9 @@ func kueueRun(b *testing.B, env *fairEnv, shape kueueShape, which string, run in
 			break
 		}
 		for _, p := range procs {
-			p.exitedCheck(b, label)
+			if p.exited() {
+				b.Fatalf("%s: %s exited:\n%s", label, filepath.Base(p.cmd.Path), logTail(p.log, 15))
+			}
 		}
 		sleepCtx(ctx, 100*time.Millisecond)
 		if ctx.Err() != nil {
@@ -292,6 +298,7 @@ func kueueRun(b *testing.B, env *fairEnv, shape kueueShape, which string, run in
 		p.stop()
 		res.throttled += countLines(b, p.log, "client-side throttling")
 	}
+	res.kcmThrottled = countLines(b, filepath.Join(cp.Dir, "kube-controller-manager.log"), "client-side throttling")
 	res.reads, res.writes = (reads1-reads0)/float64(max(want, 1)), (writes1-writes0)/float64(max(want, 1))
 
 	m := mon.result()
@@ -322,7 +329,7 @@ func waitReady(ctx context.Context, b *testing.B, label string, procs []*schedPr
 	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 5*time.Minute, true, func(context.Context) (bool, error) {
 		for _, p := range procs {
 			if p.exited() {
-				return false, fmt.Errorf("%s exited (log %s)", filepath.Base(p.cmd.Path), p.log)
+				return false, fmt.Errorf("%s exited:\n%s", filepath.Base(p.cmd.Path), logTail(p.log, 15))
 			}
 		}
 		return ready(), nil
@@ -428,6 +435,22 @@ func createKueueObjects(ctx context.Context, b *testing.B, cfg *rest.Config, kub
 		if _, err := ext.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, crd, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			b.Fatalf("%s: %v", f, err)
 		}
+	}
+	// The manager's client maps every kind once at its start: all must be served by then.
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		list, err := kube.Discovery().ServerResourcesForGroupVersion(clusterQueueGVR.GroupVersion().String())
+		if err != nil {
+			return false, nil
+		}
+		kinds := 0
+		for _, r := range list.APIResources {
+			if !strings.Contains(r.Name, "/") { // not a subresource
+				kinds++
+			}
+		}
+		return kinds == len(files), nil
+	}); err != nil {
+		b.Fatalf("Kueue's %d CRDs not served: %v", len(files), err)
 	}
 	if _, err := kube.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: kueueNamespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		b.Fatal(err)
@@ -744,4 +767,14 @@ func (m *quotaMonitor) result() quotaResult {
 		r.maxGPUs[q] = v
 	}
 	return r
+}
+
+// logTail is the last n lines of a log file.
+func logTail(path string, n int) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }

@@ -365,7 +365,8 @@ func startFairCluster(ctx context.Context, b *testing.B, sc scenario) (*framewor
 	for k, v := range framework.FeatureGates {
 		gates[k] = v
 	}
-	cp, err := framework.Start(ctx, framework.Options{FeatureGates: gates, RuntimeConfig: framework.RuntimeConfig + ",scheduling.k8s.io/v1beta1=true"})
+	cp, err := framework.Start(ctx, framework.Options{FeatureGates: gates, RuntimeConfig: framework.RuntimeConfig + ",scheduling.k8s.io/v1beta1=true",
+		ExtraControllerManagerFlags: sc.kcmFlags})
 	if err != nil {
 		b.Fatalf("start control plane: %v", err)
 	}
