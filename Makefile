@@ -81,7 +81,7 @@ bench: k8s-bin
 # scheduler on a fresh control plane, order alternated. The full mode is run by hand
 # (hours at 1,000 nodes on a loaded 2-core machine); bench-e2e-short (5 nodes, one run
 # each, short churn and waiting windows) only checks that every scenario works, for CI
-# (5-8 minutes on the shared 2-core machine). Never part of `make test`.
+# (6-9 minutes on the shared 2-core machine). Never part of `make test`.
 FAIR_NODES ?= 1000
 FAIR_RUNS  ?= 3
 FAIR_SCENARIOS ?= .
