@@ -129,11 +129,13 @@ type kueueResult struct {
 	admit, bind   time.Duration // first job created to the last expected admitted / bound
 	pods, pending int           // expected pods, of them not bound
 	admitted      map[string]int
-	extra         int     // jobs admitted beyond the expected (each also a violation)
-	violations    int     // quota violations seen
-	violation     string  // the first
-	cpu, peakRSS  float64 // scheduling side
-	reads, writes float64 // API requests per expected pod, all clients
+	extra         int           // jobs admitted beyond the expected (each also a violation)
+	created       int           // pods the job controller created (tessera: of every job; Kueue: of admitted ones)
+	created1      time.Duration // first job created to the last pod created
+	violations    int           // quota violations seen
+	violation     string        // the first
+	cpu, peakRSS  float64       // scheduling side
+	reads, writes float64       // API requests per expected pod, all clients
 	load          string
 	maxGPUs       map[string]int64 // most GPUs bound per queue at any time
 	throttled     int              // client-side throttling lines of the scheduling side
@@ -148,8 +150,8 @@ func (r kueueResult) podsPerSec() float64 {
 }
 
 func (r kueueResult) describe() string {
-	return fmt.Sprintf("cold %v, admitted all in %v, bound all in %v (%d pods, %d pending, %.0f pods/s), jobs admitted a=%d b=%d (%d beyond quota), most GPUs bound a=%d b=%d, %d quota violations%s; %.1f CPU-s, peak RSS %.0f MiB, %.2f reads + %.2f writes per pod, %d throttling lines (kube-controller-manager %d), load average %s",
-		r.cold.Round(time.Millisecond), r.admit.Round(time.Millisecond), r.bind.Round(time.Millisecond), r.pods, r.pending, r.podsPerSec(),
+	return fmt.Sprintf("cold %v, %d pods created by %v, admitted all in %v, bound all in %v (%d pods, %d pending, %.0f pods/s), jobs admitted a=%d b=%d (%d beyond quota), most GPUs bound a=%d b=%d, %d quota violations%s; %.1f CPU-s, peak RSS %.0f MiB, %.2f reads + %.2f writes per pod, %d throttling lines (kube-controller-manager %d), load average %s",
+		r.cold.Round(time.Millisecond), r.created, r.created1.Round(time.Millisecond), r.admit.Round(time.Millisecond), r.bind.Round(time.Millisecond), r.pods, r.pending, r.podsPerSec(),
 		r.admitted["a"], r.admitted["b"], r.extra, r.maxGPUs["a"], r.maxGPUs["b"], r.violations, r.violation, r.cpu, r.peakRSS, r.reads, r.writes, r.throttled, r.kcmThrottled, r.load)
 }
 
@@ -309,6 +311,9 @@ func kueueRun(b *testing.B, env *fairEnv, shape kueueShape, which string, run in
 	}
 	if !m.lastBind.IsZero() {
 		res.bind = m.lastBind.Sub(t0)
+	}
+	if res.created = m.created; !m.lastCreate.IsZero() {
+		res.created1 = m.lastCreate.Sub(t0)
 	}
 	for _, q := range []string{"a", "b"} {
 		res.extra += max(0, m.admitted[q]-shape.expected[q])
@@ -644,6 +649,8 @@ type quotaMonitor struct {
 	violations int
 	first      string
 	lastAdmit  time.Time
+	seen       map[string]bool // pods created
+	lastCreate time.Time       // the last pod first seen
 	lastBind   time.Time
 
 	inf    informers.SharedInformerFactory
@@ -656,11 +663,13 @@ type quotaResult struct {
 	bound, violations   int
 	first               string
 	lastAdmit, lastBind time.Time
+	created             int       // pods created (the job controller's)
+	lastCreate          time.Time // when the last was first seen
 }
 
 func newQuotaMonitor(b testing.TB, kube kubernetes.Interface, ns string, shape kueueShape, suspends bool) *quotaMonitor {
 	b.Helper()
-	m := &quotaMonitor{shape: shape, suspends: suspends, jobs: map[string]bool{}, jobBound: map[string]int{}, pods: map[string]bool{},
+	m := &quotaMonitor{shape: shape, suspends: suspends, jobs: map[string]bool{}, seen: map[string]bool{}, jobBound: map[string]int{}, pods: map[string]bool{},
 		gpus: map[string]int64{}, admGPUs: map[string]int64{}, maxGPUs: map[string]int64{}, stopCh: make(chan struct{})}
 	m.inf = informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithNamespace(ns))
 	h := func(f func(any)) cache.ResourceEventHandlerFuncs {
@@ -705,13 +714,17 @@ func (m *quotaMonitor) onJob(obj any) {
 
 func (m *quotaMonitor) onPod(obj any) {
 	p, ok := obj.(*v1.Pod)
-	if !ok || p.Spec.NodeName == "" {
+	if !ok {
 		return
 	}
 	q, job := p.Labels[benchQueueLabel], p.Labels[gangLabel]
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.pods[p.Name] {
+	if !m.seen[p.Name] {
+		m.seen[p.Name] = true
+		m.lastCreate = time.Now()
+	}
+	if p.Spec.NodeName == "" || m.pods[p.Name] {
 		return
 	}
 	m.pods[p.Name] = true
@@ -759,7 +772,7 @@ func (m *quotaMonitor) result() quotaResult {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r := quotaResult{admitted: map[string]int{}, maxGPUs: map[string]int64{}, bound: len(m.pods), violations: m.violations, first: m.first,
-		lastAdmit: m.lastAdmit, lastBind: m.lastBind}
+		lastAdmit: m.lastAdmit, lastBind: m.lastBind, created: len(m.seen), lastCreate: m.lastCreate}
 	for j := range m.jobs {
 		r.admitted[m.shape.queueOf[j]]++
 	}
