@@ -12,7 +12,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 E2E_PKGS  := ./test/e2e/...
 STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: all build cli k8s-bin operators-bin node-bin helm-bin test test-unit test-e2e bench bench-e2e bench-e2e-short fuzz chaos lint fmt generate demo clean
+.PHONY: all build cli k8s-bin operators-bin kueue-bin node-bin helm-bin test test-unit test-e2e bench bench-e2e bench-e2e-short fuzz chaos lint fmt generate demo clean
 
 all: build
 
@@ -36,9 +36,13 @@ k8s-bin:
 	hack/build-k8s.sh
 
 # Real workload operators (JobSet, LWS, KubeRay, MPI Operator, Trainer v2,
-# training-operator) from the Go module proxy; cached in bin/operators.
+# training-operator, Kueue) from the Go module proxy; cached in bin/operators.
 operators-bin:
 	hack/build-operators.sh
+
+# Kueue's manager alone (the fair harness's queue pair); operators-bin builds it too.
+kueue-bin:
+	hack/build-operators.sh kueue
 
 # The binaries of a real node (kubelet, containerd, its runc shim, ctr, a
 # pause binary) from the Go module proxy; cached in bin/node. The real-node
@@ -71,18 +75,19 @@ bench: k8s-bin
 
 # The fair end-to-end harness (test/bench BenchmarkFair, docs/benchmarks.md): tessera
 # against the kube-scheduler v1.37.2 in equal-semantics pairs and scheduler_perf shapes
-# (the sub-benchmarks gang1 gang8 gang16-rack empty half full churn mig unfit;
+# (the sub-benchmarks gang1 gang8 gang16-rack empty half full churn mig unfit, and kueue:
+# tessera's queues against Kueue v0.17.0 + the kube-scheduler;
 # FAIR_SCENARIOS is a regexp of them), FAIR_NODES nodes x 8 GPUs, FAIR_RUNS runs of each
 # scheduler on a fresh control plane, order alternated. The full mode is run by hand
 # (hours at 1,000 nodes on a loaded 2-core machine); bench-e2e-short (5 nodes, one run
 # each, short churn and waiting windows) only checks that every scenario works, for CI
-# (5-8 minutes on the shared 2-core machine). Never part of `make test`.
+# (6-9 minutes on the shared 2-core machine). Never part of `make test`.
 FAIR_NODES ?= 1000
 FAIR_RUNS  ?= 3
 FAIR_SCENARIOS ?= .
 # e.g. FAIR_ARGS='-fair-stock-percentage=100 -fair-churn=1m' (see the flags in test/bench/fair_test.go)
 FAIR_ARGS  ?=
-bench-e2e: k8s-bin
+bench-e2e: k8s-bin kueue-bin
 	$(GO) test -count=1 -run '^$$' -bench '^BenchmarkFair$$/$(FAIR_SCENARIOS)' -benchtime 1x -timeout 600m ./test/bench/ -args -fair-nodes=$(FAIR_NODES) -fair-runs=$(FAIR_RUNS) $(FAIR_ARGS)
 
 bench-e2e-short:

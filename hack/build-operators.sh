@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Builds the real workload operators that the operator e2e tests and
 # `tessera sandbox up --operators` run — JobSet, LeaderWorkerSet, KubeRay, the
-# MPI Operator, Kubeflow Trainer v2 and the training-operator (PyTorchJob), or
-# only those named as arguments (jobset lws kuberay mpi-operator trainer
-# training-operator) — from the Go module proxy at the versions pinned in
-# test/operators/modules/<name>, with the code an installed `tessera sandbox up
-# --operators` uses (sandbox/opbin, driven by hack/build-operators/main.go).
+# MPI Operator, Kubeflow Trainer v2, the training-operator (PyTorchJob) and Kueue
+# (the fair benchmark harness's queue pair), or only those named as arguments
+# (jobset lws kuberay mpi-operator trainer training-operator kueue) — from the
+# Go module proxy at the versions pinned in test/operators/modules/<name>, with
+# the code an installed `tessera sandbox up --operators` uses (sandbox/opbin,
+# driven by hack/build-operators/main.go).
 #
 # Each operator goes into ~/.cache/tessera/operators/<name>/<stamp>, keyed by
 # the hash of its module (go.mod, go.sum, tools.go), its main package and the

@@ -81,6 +81,10 @@ type Options struct {
 	Controllers []string
 	// ExtraAPIServerFlags are appended to the kube-apiserver command line.
 	ExtraAPIServerFlags []string
+	// ExtraControllerManagerFlags are appended to the kube-controller-manager
+	// command line (e.g. its client QPS, default 20, where its controllers
+	// create the pods being measured).
+	ExtraControllerManagerFlags []string
 	// NoControllerManager starts only etcd and the API server.
 	NoControllerManager bool
 	// Dir is where the control plane keeps its state and logs; a fresh temp
@@ -239,17 +243,18 @@ func Start(ctx context.Context, opts Options) (cp *ControlPlane, err error) {
 			controllers = DefaultControllers
 		}
 		logf("starting kube-controller-manager")
-		cp.kcm, err = startProcess("kube-controller-manager", filepath.Join(binDir, "kube-controller-manager"), cp.Dir,
-			"--kubeconfig="+cp.KubeconfigPath,
-			"--controllers="+strings.Join(controllers, ","),
+		kcmArgs := []string{"--kubeconfig=" + cp.KubeconfigPath,
+			"--controllers=" + strings.Join(controllers, ","),
 			"--leader-elect=false",
 			// No HTTPS endpoint: several control planes may run at once.
 			"--secure-port=0",
-			"--service-account-private-key-file="+creds.saKeyFile,
-			"--root-ca-file="+creds.certFile,
-			"--feature-gates="+gateFlag(gates),
+			"--service-account-private-key-file=" + creds.saKeyFile,
+			"--root-ca-file=" + creds.certFile,
+			"--feature-gates=" + gateFlag(gates),
 			"--concurrent-job-syncs=20",
-		)
+		}
+		kcmArgs = append(kcmArgs, opts.ExtraControllerManagerFlags...)
+		cp.kcm, err = startProcess("kube-controller-manager", filepath.Join(binDir, "kube-controller-manager"), cp.Dir, kcmArgs...)
 		if err != nil {
 			return nil, err
 		}

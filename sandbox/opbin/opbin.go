@@ -1,7 +1,8 @@
 // Package opbin finds, or builds from the Go module proxy, the real workload
 // operators that the operator tests and `tessera sandbox up --operators`
 // run — JobSet, LeaderWorkerSet, KubeRay, the MPI Operator, Kubeflow Trainer
-// v2 and the training-operator (PyTorchJob) — in the user's cache, without a
+// v2 and the training-operator (PyTorchJob), and Kueue for the fair benchmark
+// harness — in the user's cache, without a
 // checkout of tessera: the pinned modules (test/operators/modules/<name>:
 // go.mod, go.sum, tools.go; one per operator, since their k8s.io and
 // controller-runtime versions differ and cannot share one build list) are
@@ -36,7 +37,7 @@ import (
 	"github.com/tessera-gpu/tessera/sandbox/internal/binbuild"
 )
 
-//go:generate sh -c "for m in jobset lws kuberay mpi-operator trainer training-operator; do mkdir -p modules/$DOLLAR{m} && for f in go.mod go.sum tools.go; do cp ../../test/operators/modules/$DOLLAR{m}/$DOLLAR{f} modules/$DOLLAR{m}/$DOLLAR{f}.txt; done; done"
+//go:generate sh -c "for m in jobset lws kuberay mpi-operator trainer training-operator kueue; do mkdir -p modules/$DOLLAR{m} && for f in go.mod go.sum tools.go; do cp ../../test/operators/modules/$DOLLAR{m}/$DOLLAR{f} modules/$DOLLAR{m}/$DOLLAR{f}.txt; done; done"
 
 // The modules of test/operators/modules, copied by `go generate` (a test
 // fails when the copies differ): embed cannot reach a nested module.
@@ -68,6 +69,10 @@ var All = []Operator{
 	// Only the PyTorchJob CRD: the MPIJob (kubeflow.org/v1) CRD of the
 	// training-operator would collide with the MPI Operator's v2beta1 one.
 	{"training-operator", "github.com/kubeflow/training-operator", "github.com/kubeflow/training-operator/cmd/training-operator.v1", "crds=manifests/base/crds/kubeflow.org_pytorchjobs.yaml webhooks=manifests/base/webhook/manifests.yaml webhook-patches=manifests/base/webhook/patch.yaml"},
+	// Kueue's manager (the fair benchmark harness's queue pair, test/bench
+	// fair_kueue_test.go): its CRDs only; the harness creates its Jobs
+	// suspended and labelled, so no webhook needs to be served.
+	{"kueue", "sigs.k8s.io/kueue", "sigs.k8s.io/kueue/cmd/kueue", "crds=config/components/crd/bases/*.yaml"},
 }
 
 // Lookup returns the operator of that name.

@@ -47,6 +47,8 @@ type scenario struct {
 	mig        bool     // nodes publish partitionable GPUs (whole GPU and MIG devices on shared counters)
 	rackSize   int      // nodes per rack label; 0: no rack labels
 	stockGates []string // kube-scheduler feature gates of this row
+	catalog    bool     // tessera maps workloads through its catalog (a Job's pods to one gang); else every pod is a gang of one
+	kcmFlags   []string // extra kube-controller-manager flags (its client QPS where its controllers create the measured pods)
 	// init is placed by the same scheduler before the measured run (not measured): the
 	// scheduler fills the cluster itself, as scheduler_perf's initPods.
 	init  func(nodes int) []gangSpec

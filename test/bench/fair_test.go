@@ -83,6 +83,13 @@ func BenchmarkFair(b *testing.B) {
 			rows = append(rows, fairScenario(b, env, sc))
 		})
 	}
+	// Pair 3, tessera's queues against Kueue + the kube-scheduler (fair_kueue_test.go).
+	b.Run("kueue", func(b *testing.B) {
+		if b.N > 1 {
+			b.Skip("one run is the measurement; use -benchtime=1x")
+		}
+		rows = append(rows, fairKueue(b, env))
+	})
 	fairLog("BenchmarkFair, %d nodes × 8 GPUs, %d runs each, load average now %s:\n%s", *fairNodes, *fairRuns, loadAverage(), strings.Join(rows, "\n"))
 }
 
@@ -277,28 +284,9 @@ func fairRun(b *testing.B, env *fairEnv, sc scenario, which string, run int) fai
 	b.Helper()
 	ctx, cancel := context.WithTimeout(klog.NewContext(context.Background(), klog.Background()), 60*time.Minute)
 	defer cancel()
-	// Every control plane serves the upstream PodGroups and has the gates on, whichever
-	// scheduler runs; the kube-scheduler's own gates are the scenario's.
-	gates := map[string]bool{gateGenericWorkload: true, gateTopologyWorkload: true}
-	for k, v := range framework.FeatureGates {
-		gates[k] = v
-	}
-	cp, err := framework.Start(ctx, framework.Options{FeatureGates: gates, RuntimeConfig: framework.RuntimeConfig + ",scheduling.k8s.io/v1beta1=true"})
-	if err != nil {
-		b.Fatalf("start control plane: %v", err)
-	}
+	cp, kube, tc, ns := startFairCluster(ctx, b, sc)
 	defer cp.Stop()
-	cfg := rest.CopyConfig(cp.Config)
-	cfg.QPS, cfg.Burst = 2000, 4000
-	kube := kubernetes.NewForConfigOrDie(cfg)
-	tc, err := client.NewForConfig(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	installCRDs(ctx, b, cfg, kube, tc)
 	nodes := *fairNodes
-	parallel(b, nodes, func(i int) error { return createFairNode(ctx, kube, i, sc) })
-	ns := cp.CreateNamespace(b)
 	if _, err := tc.Queues().Create(ctx, &v1alpha1.Queue{ObjectMeta: metav1.ObjectMeta{Name: fairQueue}}); err != nil {
 		b.Fatal(err)
 	}
@@ -367,6 +355,34 @@ func fairRun(b *testing.B, env *fairEnv, sc scenario, which string, run int) fai
 	return res
 }
 
+// startFairCluster starts a fresh control plane with the scheduling CRDs, DeviceClasses and
+// -fair-nodes nodes of the scenario, and a namespace for the run; the caller stops it.
+func startFairCluster(ctx context.Context, b *testing.B, sc scenario) (*framework.ControlPlane, kubernetes.Interface, *client.Client, string) {
+	b.Helper()
+	// Every control plane serves the upstream PodGroups and has the gates on, whichever
+	// scheduler runs; the kube-scheduler's own gates are the scenario's.
+	gates := map[string]bool{gateGenericWorkload: true, gateTopologyWorkload: true}
+	for k, v := range framework.FeatureGates {
+		gates[k] = v
+	}
+	cp, err := framework.Start(ctx, framework.Options{FeatureGates: gates, RuntimeConfig: framework.RuntimeConfig + ",scheduling.k8s.io/v1beta1=true",
+		ExtraControllerManagerFlags: sc.kcmFlags})
+	if err != nil {
+		b.Fatalf("start control plane: %v", err)
+	}
+	cfg := rest.CopyConfig(cp.Config)
+	cfg.QPS, cfg.Burst = 2000, 4000
+	kube := kubernetes.NewForConfigOrDie(cfg)
+	tc, err := client.NewForConfig(cfg)
+	if err != nil {
+		cp.Stop()
+		b.Fatal(err)
+	}
+	installCRDs(ctx, b, cfg, kube, tc)
+	parallel(b, *fairNodes, func(i int) error { return createFairNode(ctx, kube, i, sc) })
+	return cp, kube, tc, cp.CreateNamespace(b)
+}
+
 func sleepCtx(ctx context.Context, d time.Duration) {
 	select {
 	case <-ctx.Done():
@@ -422,7 +438,7 @@ func startScheduler(b *testing.B, env *fairEnv, sc scenario, which, kubeconfig, 
 	var cmd *exec.Cmd
 	if which == "tessera" {
 		cmd = exec.Command(env.tesseraBin, "--kubeconfig="+kubeconfig, "--leader-elect=false", "--secure-port=0",
-			"--catalog=false", "--workload-definitions=false",
+			fmt.Sprintf("--catalog=%t", sc.catalog), "--workload-definitions=false",
 			fmt.Sprintf("--kube-api-qps=%d", *fairQPS), fmt.Sprintf("--kube-api-burst=%d", 2**fairQPS), "--v=1")
 	} else {
 		percentage := ""
@@ -462,6 +478,12 @@ profiles:
 		}
 		cmd = exec.Command(filepath.Join(env.binDir, "kube-scheduler"), args...)
 	}
+	return startProcess(b, cmd, logPath)
+}
+
+// startProcess starts cmd logging to logPath.
+func startProcess(b *testing.B, cmd *exec.Cmd, logPath string) *schedProc {
+	b.Helper()
 	logFile, err := os.Create(logPath)
 	if err != nil {
 		b.Fatal(err)
