@@ -65,6 +65,8 @@ func released(c *resourceapi.ResourceClaim) *resourceapi.ResourceClaim {
 type WhatIf struct {
 	in  Input
 	cfg Config
+	// key is cfg's as Cache.Snapshot keys its state (before defaults).
+	key configKey
 	// cycle is the cycle's snapshot: while the incremental state it was published from is
 	// unchanged (no later Cache.Snapshot call), what-ifs are derived from that state.
 	cycle *Snapshot
@@ -80,13 +82,15 @@ type WhatIf struct {
 	own *incremental
 	// copies are the released copies of claims, one per claim for all what-ifs.
 	copies map[objKey]*resourceapi.ResourceClaim
+	// fromCycle, fromOwn count the what-ifs derived from each state (for tests).
+	fromCycle, fromOwn int
 }
 
 // NewWhatIf returns the what-ifs of in, the input the cycle's snapshot cycle was built from
 // (nil or a snapshot New built: the state is derived from in once, on first use). cfg is
 // the configuration cycle was built with.
 func NewWhatIf(cycle *Snapshot, in Input, cfg Config) *WhatIf {
-	return &WhatIf{in: in, cfg: defaults(cfg), cycle: cycle, copies: map[objKey]*resourceapi.ResourceClaim{}}
+	return &WhatIf{in: in, cfg: defaults(cfg), key: keyOfConfig(cfg), cycle: cycle, copies: map[objKey]*resourceapi.ResourceClaim{}}
 }
 
 func (w *WhatIf) index() {
@@ -136,6 +140,7 @@ func (w *WhatIf) Without(pods map[types.UID]bool) *Snapshot {
 		s := w.derive(b, victims, rel, true)
 		b.cfg.Cache.incMu.Unlock()
 		if s != nil {
+			w.fromCycle++
 			return s
 		}
 	}
@@ -144,6 +149,7 @@ func (w *WhatIf) Without(pods map[types.UID]bool) *Snapshot {
 		w.own.update(w.in)
 	}
 	if s := w.derive(w.own, victims, rel, false); s != nil {
+		w.fromOwn++
 		return s
 	}
 	// Only for an input that names two objects alike (the state keeps one of them).
@@ -170,7 +176,7 @@ func (s *Snapshot) currentState() *incremental {
 // another input) or, with check, was derived with another configuration or from an input
 // with other numbers of pods and claims.
 func (w *WhatIf) derive(b *incremental, victims map[objKey]*v1.Pod, rel []*resourceapi.ResourceClaim, check bool) *Snapshot {
-	if check && (b.key != keyOfConfig(w.cfg) || len(b.pods) != len(w.in.Pods) || len(b.claims) != len(w.in.Claims)) {
+	if check && (b.key != w.key || len(b.pods) != len(w.in.Pods) || len(b.claims) != len(w.in.Claims)) {
 		return nil
 	}
 	override := map[string]*nodeState{}

@@ -3,6 +3,7 @@ package snapshot_test
 import (
 	"fmt"
 	"reflect"
+	"sync"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -122,6 +123,12 @@ func TestWhatIfMatchesFull(t *testing.T) {
 					check(kind, wi, in)
 				}
 			}
+			if c, o := snapshot.WhatIfSources(whatIfs["incremental"]); c != 6 || o != 0 {
+				t.Fatalf("seed %d cycle %d: the what-ifs of the cycle's snapshot were derived %d times from its state and %d times from their own, want 6 and 0", seed, cycle, c, o)
+			}
+			if c, o := snapshot.WhatIfSources(whatIfs["from New"]); c != 0 || o != 6 {
+				t.Fatalf("seed %d cycle %d: the what-ifs of a snapshot New built were derived %d times from a cycle's state and %d times from their own, want 0 and 6", seed, cycle, c, o)
+			}
 			if g := snapshot.Fingerprint(cycleSnap, cycleClaims); g != before {
 				t.Fatalf("seed %d cycle %d: what-ifs changed the cycle's snapshot:\n%s", seed, cycle, diff(g, before))
 			}
@@ -132,7 +139,11 @@ func TestWhatIfMatchesFull(t *testing.T) {
 			}
 			// The previous cycle's what-ifs, now that the cache has moved on.
 			if old != nil {
+				_, o := snapshot.WhatIfSources(old)
 				check("previous cycle", old, oldIn)
+				if _, o2 := snapshot.WhatIfSources(old); o2 != o+2 {
+					t.Fatalf("seed %d cycle %d: the previous cycle's what-ifs were not derived from their own state once the cache moved on", seed, cycle)
+				}
 			}
 			old, oldIn = whatIfs["incremental"], in
 			w.step()
@@ -141,5 +152,50 @@ func TestWhatIfMatchesFull(t *testing.T) {
 	t.Logf("%d victim sets, %d claims released, %d PVC pods evicted", sets, released, pvcs)
 	if released == 0 || pvcs == 0 {
 		t.Fatalf("the random victim sets should release claims and free PVCs: %d claims released, %d PVC pods in %d sets", released, pvcs, sets)
+	}
+}
+
+// TestWhatIfConcurrent: what-ifs of one cycle derived in parallel, while the cache moves on
+// to the next cycle, are each the snapshot built from scratch (run with -race).
+func TestWhatIfConcurrent(t *testing.T) {
+	w := newWorld(900)
+	cache := snapshot.NewCache()
+	cfg := snapshot.Config{Features: features, CELCache: snapshot.NewCELCache(features), Cache: cache}
+	in := w.reserve(w.input())
+	wi := snapshot.NewWhatIf(cache.Snapshot(in, cfg), in, cfg)
+	var sets []map[types.UID]bool
+	var want []string
+	for range 8 {
+		v := w.victims(in)
+		ref := snapshot.Without(in, v)
+		var claims []*resourceapi.ResourceClaim
+		for i, c := range ref.Claims {
+			if c == in.Claims[i] {
+				claims = append(claims, c)
+			}
+		}
+		sets = append(sets, v)
+		want = append(want, snapshot.Fingerprint(snapshot.New(ref, snapshot.Config{Features: features}), claims))
+	}
+	w.step()
+	next := w.reserve(w.input())
+	got := make([]*snapshot.Snapshot, len(sets))
+	var wg sync.WaitGroup
+	for i := range sets {
+		wg.Go(func() { got[i] = wi.Without(sets[i]) })
+	}
+	cache.Snapshot(next, cfg)
+	wg.Wait()
+	// Fingerprinted afterwards: Quantity.String caches its result (not safe in parallel).
+	for i := range sets {
+		var claims []*resourceapi.ResourceClaim
+		for j, c := range snapshot.Without(in, sets[i]).Claims {
+			if c == in.Claims[j] {
+				claims = append(claims, c)
+			}
+		}
+		if g := snapshot.Fingerprint(got[i], claims); g != want[i] {
+			t.Fatalf("what-if %d differs from the snapshot built from scratch:\n%s", i, diff(g, want[i]))
+		}
 	}
 }
