@@ -107,5 +107,5 @@ func costsString(c map[structured.DeviceID]contract.Cost) string {
 }
 
 // WhatIfSources returns how many what-ifs w derived from the state of the cycle's snapshot
-// and how many from its own (derived from the input once).
-func WhatIfSources(w *WhatIf) (fromCycle, fromOwn int) { return w.fromCycle, w.fromOwn }
+// and how many it built with New.
+func WhatIfSources(w *WhatIf) (fromCycle, fromNew int) { return w.fromCycle, w.fromNew }

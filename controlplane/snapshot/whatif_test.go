@@ -51,8 +51,8 @@ func (w *world) victims(in snapshot.Input) map[types.UID]bool {
 // ("the cycle's cluster without these pods, their claims released") holds exactly what New
 // builds from scratch from the filtered input (snapshot.Without) — in every field the
 // solver, the allocator and the filters read (Fingerprint) and in the released claims —
-// whether it is derived from the cycle's incremental state, from a cycle snapshot New
-// built, or from a cycle whose cache has moved on; Assume on a what-if leaves the cycle's
+// whether it is derived from the cycle's incremental state or (for a cycle snapshot New
+// built, or a cycle whose cache has moved on) built with New; Assume on a what-if leaves the cycle's
 // snapshot and the next what-if alone, and Assume on the cycle's snapshot leaves the
 // what-ifs alone.
 func TestWhatIfMatchesFull(t *testing.T) {
@@ -124,10 +124,10 @@ func TestWhatIfMatchesFull(t *testing.T) {
 				}
 			}
 			if c, o := snapshot.WhatIfSources(whatIfs["incremental"]); c != 6 || o != 0 {
-				t.Fatalf("seed %d cycle %d: the what-ifs of the cycle's snapshot were derived %d times from its state and %d times from their own, want 6 and 0", seed, cycle, c, o)
+				t.Fatalf("seed %d cycle %d: the what-ifs of the cycle's snapshot were derived %d times from its state and built %d times with New, want 6 and 0", seed, cycle, c, o)
 			}
 			if c, o := snapshot.WhatIfSources(whatIfs["from New"]); c != 0 || o != 6 {
-				t.Fatalf("seed %d cycle %d: the what-ifs of a snapshot New built were derived %d times from a cycle's state and %d times from their own, want 0 and 6", seed, cycle, c, o)
+				t.Fatalf("seed %d cycle %d: the what-ifs of a snapshot New built were derived %d times from a cycle's state and built %d times with New, want 0 and 6", seed, cycle, c, o)
 			}
 			if g := snapshot.Fingerprint(cycleSnap, cycleClaims); g != before {
 				t.Fatalf("seed %d cycle %d: what-ifs changed the cycle's snapshot:\n%s", seed, cycle, diff(g, before))
@@ -142,7 +142,7 @@ func TestWhatIfMatchesFull(t *testing.T) {
 				_, o := snapshot.WhatIfSources(old)
 				check("previous cycle", old, oldIn)
 				if _, o2 := snapshot.WhatIfSources(old); o2 != o+2 {
-					t.Fatalf("seed %d cycle %d: the previous cycle's what-ifs were not derived from their own state once the cache moved on", seed, cycle)
+					t.Fatalf("seed %d cycle %d: the previous cycle's what-ifs were not built with New once the cache moved on", seed, cycle)
 				}
 			}
 			old, oldIn = whatIfs["incremental"], in
