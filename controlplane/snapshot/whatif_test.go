@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 
+	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -198,4 +199,60 @@ func TestWhatIfConcurrent(t *testing.T) {
 			t.Fatalf("what-if %d differs from the snapshot built from scratch:\n%s", i, diff(g, want[i]))
 		}
 	}
+}
+
+// TestRequestsMatchPodRequests: Snapshot.Requests, which reuses the sums the incremental
+// state keeps for bound pods, is PodRequests for every pod of random clusters across
+// cycles, on Cache snapshots (also an older cycle's) and on New's.
+func TestRequestsMatchPodRequests(t *testing.T) {
+	reused := 0
+	for seed := int64(1); seed <= 10; seed++ {
+		w := newWorld(700 + seed)
+		cache := snapshot.NewCache()
+		cfg := snapshot.Config{Features: features, CELCache: snapshot.NewCELCache(features), Cache: cache}
+		var prev *snapshot.Snapshot
+		var prevIn snapshot.Input
+		for cycle := 0; cycle < 10; cycle++ {
+			in := w.input()
+			snaps := map[string]*snapshot.Snapshot{"cache": cache.Snapshot(in, cfg), "new": snapshot.New(in, cfg)}
+			for kind, s := range snaps {
+				for _, p := range in.Pods {
+					if got, want := s.Requests(p), snapshot.PodRequests(p); !equalLists(got, want) {
+						t.Fatalf("seed %d cycle %d %s: pod %s requests %v, want %v", seed, cycle, kind, p.Name, got, want)
+					}
+					// The kept sum is the same map each time; PodRequests makes a new one.
+					if kind == "cache" && p.Spec.NodeName != "" && p.Status.Phase != v1.PodSucceeded {
+						if reflect.ValueOf(s.Requests(p)).Pointer() != reflect.ValueOf(s.Requests(p)).Pointer() {
+							t.Fatalf("seed %d cycle %d: the requests of bound pod %s were summed again", seed, cycle, p.Name)
+						}
+						reused++
+					}
+				}
+			}
+			if prev != nil {
+				for _, p := range prevIn.Pods {
+					if got, want := prev.Requests(p), snapshot.PodRequests(p); !equalLists(got, want) {
+						t.Fatalf("seed %d cycle %d previous cycle: pod %s requests %v, want %v", seed, cycle, p.Name, got, want)
+					}
+				}
+			}
+			prev, prevIn = snaps["cache"], in
+			w.step()
+		}
+	}
+	if reused == 0 {
+		t.Fatal("no bound pods")
+	}
+}
+
+func equalLists(a, b v1.ResourceList) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for name, q := range a {
+		if o, ok := b[name]; !ok || q.Cmp(o) != 0 {
+			return false
+		}
+	}
+	return true
 }
