@@ -222,7 +222,8 @@ func TestRequestsMatchPodRequests(t *testing.T) {
 					}
 					// The kept sum is the same map each time; PodRequests makes a new one.
 					if kind == "cache" && p.Spec.NodeName != "" && p.Status.Phase != v1.PodSucceeded {
-						if reflect.ValueOf(s.Requests(p)).Pointer() != reflect.ValueOf(s.Requests(p)).Pointer() {
+						first, second := s.Requests(p), s.Requests(p)
+						if reflect.ValueOf(first).Pointer() != reflect.ValueOf(second).Pointer() {
 							t.Fatalf("seed %d cycle %d: the requests of bound pod %s were summed again", seed, cycle, p.Name)
 						}
 						reused++
