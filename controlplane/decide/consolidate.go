@@ -118,8 +118,7 @@ func consolidate(ctx context.Context, cfg Config, in Input, d *Decisions, mem *M
 		for _, p := range c.pods {
 			evict[p.UID] = true
 		}
-		d.VictimSetsSimulated++
-		sim := snapshot.New(without(in.Raw, evict), cfg.Snapshot)
+		sim := simulate(in, d, RuleConsolidation, evict)
 		res, err := cfg.Solver.Solve(ctx, sim, g.gang)
 		if err != nil {
 			continue

@@ -59,6 +59,10 @@ func TestConsolidationFreesWholeNodes(t *testing.T) {
 	if len(d.Evictions) != 8 {
 		t.Fatalf("evicted %d pods (%v), want the 8 of two nodes", len(d.Evictions), evictedGangs(d))
 	}
+	// One node freed does not make the gang fit, two do: two sets, both consolidation's.
+	if d.VictimSetsSimulated != 2 || d.VictimSetsByRule[RuleConsolidation] != 2 || d.VictimSetsByRule[RulePreemption]+d.VictimSetsByRule[RuleReclaim] != 0 {
+		t.Errorf("victim sets simulated %d by rule %v, want 2, all consolidation's", d.VictimSetsSimulated, d.VictimSetsByRule)
+	}
 	freed := map[string]bool{}
 	for _, p := range d.Evictions {
 		if p.Spec.NodeName == "d" {

@@ -144,8 +144,8 @@ type Input struct {
 	// Snapshot of nodes, devices and pods. Decide consumes it: placed gangs are assumed in
 	// it so that later gangs of the cycle see their capacity taken.
 	Snapshot *snapshot.Snapshot
-	// Raw is what Snapshot was built from; simulations (reclaim, starvation) build
-	// snapshots from it.
+	// Raw is what Snapshot was built from (the same objects); simulations (preemption,
+	// reclaim, consolidation, starvation) derive snapshots of it.
 	Raw snapshot.Input
 	// Queues are all Queues.
 	Queues []*v1alpha1.Queue
@@ -159,6 +159,9 @@ type Input struct {
 	PriorityClasses map[string]*schedulingv1.PriorityClass
 	// Topologies order node-label levels for gangs' topology constraints. May be empty.
 	Topologies []*v1alpha1.Topology
+
+	// whatIf derives the victim simulations' snapshots (set by Decide).
+	whatIf *snapshot.WhatIf
 }
 
 // Memory is what decisions remember from cycle to cycle: backoffs, how long gangs have
@@ -232,8 +235,11 @@ type Decisions struct {
 	// SolveSeconds are the durations of the cycle's gang searches (measured for metrics
 	// only; no decision depends on them).
 	SolveSeconds []float64
-	// VictimSetsSimulated counts the victim sets preemption and reclaim simulated.
+	// VictimSetsSimulated counts the victim sets preemption, reclaim and consolidation
+	// simulated (each a what-if snapshot the gang was searched on); VictimSetsByRule splits
+	// it by rule (RulePreemption, RuleReclaim, RuleConsolidation).
 	VictimSetsSimulated int
+	VictimSetsByRule    map[string]int
 	// Outcomes are every gang's reason and message this cycle (for logs and tests).
 	Outcomes map[string]Outcome
 }
@@ -306,8 +312,11 @@ type gangState struct {
 func Decide(ctx context.Context, cfg Config, in Input, mem *Memory) *Decisions {
 	cfg = cfg.withDefaults()
 	logger := klog.FromContext(ctx)
-	d := &Decisions{Outcomes: map[string]Outcome{}}
+	d := &Decisions{Outcomes: map[string]Outcome{}, VictimSetsByRule: map[string]int{}}
 	snap := in.Snapshot
+	// Victim sets are simulated on what-ifs of the cycle's input, derived from the state of
+	// the cycle's snapshot before any placement of this cycle (as from in.Raw).
+	in.whatIf = snapshot.NewWhatIf(in.Snapshot, in.Raw, cfg.Snapshot)
 
 	gangs := make([]*gangState, 0, len(in.Gangs))
 	live := map[string]bool{}

@@ -173,7 +173,7 @@ func podClaims(snap *snapshot.Snapshot, pod *v1.Pod, g *gangState) (out []*resou
 // podUsage is what a bound pod holds: its requests and, once per claim, its claims' GPU
 // units.
 func podUsage(snap *snapshot.Snapshot, p *v1.Pod, counted map[types.UID]bool) quota.Usage {
-	req := snapshot.PodRequests(p)
+	req := snap.Requests(p)
 	return quota.Usage{
 		v1alpha1.ResourceCPU:    req.Cpu().AsApproximateFloat64(),
 		v1alpha1.ResourceMemory: req.Memory().AsApproximateFloat64(),

@@ -223,7 +223,7 @@ func preempt(ctx context.Context, cfg Config, in Input, d *Decisions, mem *Memor
 		if !ok {
 			return false
 		}
-		snap := snapshot.New(without(in.Raw, evict), cfg.Snapshot)
+		snap := simulate(in, d, RulePreemption, evict)
 		res, err := cfg.Solver.Solve(ctx, snap, g.gang)
 		if err != nil {
 			return false
@@ -288,7 +288,6 @@ func preempt(ctx context.Context, cfg Config, in Input, d *Decisions, mem *Memor
 	}
 	// chosen only changes when the set fits: placement is the last set's.
 	reserve(mem, g.Key, placementNodes(placement), ReasonPreempting, in.Now)
-	d.VictimSetsSimulated += tries
 	return true
 }
 

@@ -7,12 +7,10 @@ import (
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
-	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/controlplane/quota"
-	"github.com/tessera-gpu/tessera/controlplane/snapshot"
 )
 
 // ReasonReclaimed is the Event reason on a gang evicted to give a queue back its quota;
@@ -126,8 +124,7 @@ func reclaim(ctx context.Context, cfg Config, in Input, d *Decisions, mem *Memor
 		if tries++; tries > cfg.MaxReclaimTries {
 			break
 		}
-		d.VictimSetsSimulated++
-		snap := snapshot.New(without(in.Raw, evict), cfg.Snapshot)
+		snap := simulate(in, d, RuleReclaim, evict)
 		res, err := cfg.Solver.Solve(ctx, snap, g.gang)
 		if err != nil {
 			continue
@@ -221,31 +218,4 @@ func staysAtShare(n *quota.Node, released, u quota.Usage, rs []string) bool {
 		}
 	}
 	return false
-}
-
-// without returns the input without the given pods, and with the claims only they used
-// unallocated.
-func without(in snapshot.Input, pods map[types.UID]bool) snapshot.Input {
-	out := in
-	out.Pods = make([]*v1.Pod, 0, len(in.Pods))
-	for _, p := range in.Pods {
-		if !pods[p.UID] {
-			out.Pods = append(out.Pods, p)
-		}
-	}
-	out.Claims = make([]*resourceapi.ResourceClaim, 0, len(in.Claims))
-	for _, c := range in.Claims {
-		if c.Status.Allocation != nil && len(c.Status.ReservedFor) > 0 {
-			all := true
-			for _, r := range c.Status.ReservedFor {
-				all = all && pods[r.UID]
-			}
-			if all {
-				c = c.DeepCopy()
-				c.Status.Allocation, c.Status.ReservedFor = nil, nil
-			}
-		}
-		out.Claims = append(out.Claims, c)
-	}
-	return out
 }

@@ -49,15 +49,19 @@ type sim struct {
 	upstream map[string]*schedulingv1beta1.PodGroup
 	capGen   uint64
 	seq      int
+	// cache builds each cycle's snapshot as the scheduler does (Cache.Snapshot), so that
+	// the victim simulations derive their what-ifs from its state (snapshot.WhatIf).
+	cache *snapshot.Cache
 }
 
 func newSim(t *testing.T) *sim {
 	_, ctx := ktesting.NewTestContext(t)
+	cache := snapshot.NewCache()
 	cfg := Config{
 		Solver:   solver.New(solver.Config{Filters: filterstest.New(t)}),
-		Snapshot: snapshot.Config{Features: features},
+		Snapshot: snapshot.Config{Features: features, Cache: cache},
 	}
-	return &sim{t: t, ctx: ctx, cfg: cfg, mem: NewMemory(), now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
+	return &sim{t: t, ctx: ctx, cfg: cfg, mem: NewMemory(), now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), cache: cache,
 		claims: map[string]*resourceapi.ResourceClaim{}, pods: map[string]*v1.Pod{}, pgs: map[string]*v1alpha1.PodGroup{}, queues: map[string]*v1alpha1.Queue{}}
 }
 
@@ -117,7 +121,7 @@ func (s *sim) input() Input {
 	for _, k := range sortedKeys(s.pods) {
 		in.Raw.Pods = append(in.Raw.Pods, s.pods[k])
 	}
-	in.Snapshot = snapshot.New(in.Raw, s.cfg.Snapshot)
+	in.Snapshot = s.cache.Snapshot(in.Raw, s.cfg.Snapshot)
 	for _, k := range sortedKeys(s.queues) {
 		in.Queues = append(in.Queues, s.queues[k])
 	}

@@ -40,6 +40,9 @@ func (s *Scheduler) cycle(ctx context.Context) {
 	s.effects.apply(ctx, d)
 	gangsPending.Set(float64(d.Pending))
 	wallClockAborts.Add(float64(d.WallClockAborts))
+	for rule, n := range d.VictimSetsByRule {
+		victimSets.WithLabelValues(rule).Add(float64(n))
+	}
 	for _, n := range d.Queues.Nodes() {
 		req := map[string]float64{}
 		for r, v := range n.Allocated {
@@ -56,7 +59,7 @@ func (s *Scheduler) cycle(ctx context.Context) {
 		}
 	}
 	s.cycles.Add(1)
-	logger.V(3).Info("Cycle done", "gangs", len(in.Gangs), "placed", len(d.Placements), "duration", time.Since(start))
+	logger.V(3).Info("Cycle done", "gangs", len(in.Gangs), "placed", len(d.Placements), "victimSetsSimulated", d.VictimSetsSimulated, "duration", time.Since(start))
 }
 
 // collect reads the informers (with the writes they have not delivered yet laid over them)

@@ -56,6 +56,10 @@ var (
 		Subsystem: subsystem, Name: "queue_requested",
 		Help: "Usage plus waiting demand of a queue per resource.", StabilityLevel: metrics.ALPHA,
 	}, []string{"queue", "resource"})
+	victimSets = metrics.NewCounterVec(&metrics.CounterOpts{
+		Subsystem: subsystem, Name: "victim_sets_simulated_total",
+		Help: "Victim sets simulated (the gang searched on the cluster without them) by rule: preemption, reclaim, consolidation.", StabilityLevel: metrics.ALPHA,
+	}, []string{"rule"})
 )
 
 var registerOnce sync.Once
@@ -64,6 +68,6 @@ var registerOnce sync.Once
 // (served by legacyregistry.Handler()).
 func RegisterMetrics() {
 	registerOnce.Do(func() {
-		legacyregistry.MustRegister(gangsPending, gangsAdmitted, podsBound, solveLatency, decideLatency, wallClockAborts, bindRollbacks, apiWrites, commitErrors, queueAllocated, queueRequested)
+		legacyregistry.MustRegister(gangsPending, gangsAdmitted, podsBound, solveLatency, decideLatency, wallClockAborts, bindRollbacks, apiWrites, commitErrors, queueAllocated, queueRequested, victimSets)
 	})
 }

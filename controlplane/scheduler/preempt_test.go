@@ -7,6 +7,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/component-base/metrics/legacyregistry"
 	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/tessera-gpu/tessera/controlplane/api/v1alpha1"
@@ -42,8 +43,12 @@ func TestPriorityPreemptsYoungestPreemptibleGang(t *testing.T) {
 	e.markRunning()
 	waitQueueGPU(t, e, q, "24")
 
+	before := victimSetsSimulated(t, decide.RulePreemption)
 	hi := e.gang("hi", q, 8, gpuClaim, func(pg *v1alpha1.PodGroup) { pg.Spec.Priority = 1000 })
 	e.waitBound(hi, 60*time.Second)
+	if after := victimSetsSimulated(t, decide.RulePreemption); after < before+1 {
+		t.Errorf("tessera_scheduler_victim_sets_simulated_total{rule=preemption} went from %v to %v, want at least one set more", before, after)
+	}
 	all := e.pods()
 	for i, want := range []bool{true, false, true} {
 		for _, name := range low[i] {
@@ -82,6 +87,7 @@ func TestReclaimToFairShareBetweenSiblings(t *testing.T) {
 	}
 	e.markRunning()
 	waitQueueGPU(t, e, qa, "32")
+	before := victimSetsSimulated(t, decide.RuleReclaim)
 	var b []*v1.Pod
 	for i := range 4 {
 		b = append(b, e.gang(fmt.Sprintf("b%d", i), qb, 4, gpuClaim)...)
@@ -100,5 +106,31 @@ func TestReclaimToFairShareBetweenSiblings(t *testing.T) {
 		t.Errorf("no Reclaimed event on A's newest gang a7 (err %v)", err)
 	}
 	waitQueueGPU(t, e, qb, "16")
+	if after := victimSetsSimulated(t, decide.RuleReclaim); after < before+4 {
+		t.Errorf("tessera_scheduler_victim_sets_simulated_total{rule=reclaim} went from %v to %v, want at least four sets more (one per evicted gang)", before, after)
+	}
 	e.checkClaims()
+}
+
+// victimSetsSimulated reads the scheduler's victim-set counter of rule from the registry
+// the scheduler serves.
+func victimSetsSimulated(t *testing.T, rule string) float64 {
+	t.Helper()
+	mfs, err := legacyregistry.DefaultGatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "tessera_scheduler_victim_sets_simulated_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "rule" && l.GetValue() == rule {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }

@@ -23,8 +23,9 @@ type Cache struct {
 
 // Snapshot returns the snapshot that New(in, cfg) builds, derived from what changed since
 // the previous call: the scheduler's snapshot of each cycle. Only that one sequence of
-// inputs should go through it (what-if snapshots — the cluster without some pods, or
-// empty — are built with New: each would make the next cycle derive most of it again).
+// inputs should go through it: a what-if through it would make the next cycle derive most
+// of it again (the cluster without some pods is a WhatIf derived from the state of the
+// cycle's snapshot, whatif.go; the empty cluster is built with New).
 // A snapshot it returned stays valid after later calls. cfg.Cache is set to c.
 func (c *Cache) Snapshot(in Input, cfg Config) *Snapshot {
 	c.incMu.Lock()

@@ -105,3 +105,7 @@ func costsString(c map[structured.DeviceID]contract.Cost) string {
 	sort.Strings(out)
 	return strings.Join(out, ",")
 }
+
+// WhatIfSources returns how many what-ifs w derived from the state of the cycle's snapshot
+// and how many it built with New.
+func WhatIfSources(w *WhatIf) (fromCycle, fromNew int) { return w.fromCycle, w.fromNew }

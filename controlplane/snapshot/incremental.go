@@ -513,12 +513,22 @@ func (b *incremental) deriveDevices(node string, st *nodeState) {
 
 func (b *incremental) derivePods(node string, n *v1.Node, st *nodeState) {
 	b.countPVCs(st.pvcKeys, -1)
+	b.podsPart(node, n, st, nil)
+	b.countPVCs(st.pvcKeys, 1)
+}
+
+// podsPart derives the pods part of st from the node's pods, leaving out those in skip (a
+// what-if's victims, whatif.go). It changes nothing but st.
+func (b *incremental) podsPart(node string, n *v1.Node, st *nodeState, skip map[objKey]bool) {
 	st.requested = v1.ResourceList{}
 	st.pods = 0
 	st.pvcKeys = nil
 	st.view = framework.NewNodeInfo()
 	st.view.SetNode(n)
-	for _, pe := range b.podsByNode[node] {
+	for k, pe := range b.podsByNode[node] {
+		if skip[k] {
+			continue
+		}
 		addList(st.requested, pe.requests)
 		st.pods++
 		if pe.info != nil {
@@ -526,7 +536,6 @@ func (b *incremental) derivePods(node string, n *v1.Node, st *nodeState) {
 			st.pvcKeys = append(st.pvcKeys, pe.pvcKeys...)
 		}
 	}
-	b.countPVCs(st.pvcKeys, 1)
 }
 
 func (b *incremental) countPVCs(keys []string, delta int) {
@@ -549,7 +558,11 @@ func (b *incremental) countPVCs(keys []string, delta int) {
 }
 
 // deriveAllocs sums the results in the pools the node has, claims in name order (as New).
-func (b *incremental) deriveAllocs(node string, st *nodeState) {
+func (b *incremental) deriveAllocs(node string, st *nodeState) { b.allocsPart(node, st, nil) }
+
+// allocsPart is deriveAllocs leaving out the claims in skip (a what-if's released claims,
+// whatif.go). It changes nothing but st.
+func (b *incremental) allocsPart(node string, st *nodeState, skip map[objKey]bool) {
 	var claims []*resourceapi.ResourceClaim
 	seen := map[objKey]bool{}
 	for _, p := range st.pools {
@@ -557,7 +570,7 @@ func (b *incremental) deriveAllocs(node string, st *nodeState) {
 			continue
 		}
 		for k, ce := range b.claimsByPool[p] {
-			if !seen[k] {
+			if !seen[k] && !skip[k] {
 				seen[k] = true
 				claims = append(claims, ce.claim)
 			}
@@ -580,23 +593,31 @@ func (b *incremental) deriveAllocs(node string, st *nodeState) {
 }
 
 // deriveSharedAllocs collects the results in pools no known node publishes.
-func (b *incremental) deriveSharedAllocs() {
-	b.sharedAlloc = newAllocatedState()
+func (b *incremental) deriveSharedAllocs() { b.sharedAlloc = b.sharedAllocsOf(nil) }
+
+// sharedAllocsOf collects the results in pools no known node publishes, leaving out the
+// claims in skip.
+func (b *incremental) sharedAllocsOf(skip map[objKey]bool) structured.AllocatedState {
+	out := newAllocatedState()
 	for p, claims := range b.claimsByPool {
 		if _, owned := b.poolNode[p]; owned {
 			continue
 		}
-		for _, ce := range claims {
+		for k, ce := range claims {
+			if skip[k] {
+				continue
+			}
 			results := ce.claim.Status.Allocation.Devices.Results
 			for i := range results {
 				r := &results[i]
 				if ptr.Deref(r.AdminAccess, false) || (poolKey{r.Driver, r.Pool}) != p {
 					continue
 				}
-				addResult(&b.sharedAlloc, r, b.cfg.Features.ConsumableCapacity)
+				addResult(&out, r, b.cfg.Features.ConsumableCapacity)
 			}
 		}
 	}
+	return out
 }
 
 // publishClaims lays the changed claims over the index, merging the layers once the
@@ -625,13 +646,30 @@ func (b *incremental) publishClaims(delta map[objKey]*resourceapi.ResourceClaim)
 }
 
 func (b *incremental) snapshot(in Input, nodeSet bool) *Snapshot {
-	s := newSnapshot(in, b.cfg, len(b.sorted))
+	s := b.build(in, b.cfg, nil, b.pvcRefs, b.sharedAlloc, b.claimIdx)
+	b.pvcPublished = true
+	if nodeSet && b.cfg.Cache != nil {
+		b.cfg.Cache.retain(s.byName)
+	}
+	s.inc, s.epoch = b, b.epoch
+	return s
+}
+
+// build returns a snapshot of the state, with the nodes in override derived otherwise (a
+// what-if's, whatif.go) and the given pvcRefs, network-attached allocations and claims.
+// Every node shares its derived state with the incremental state (copy on write); the
+// caller marks pvcRefs published when it is b's.
+func (b *incremental) build(in Input, cfg Config, override map[string]*nodeState, pvcRefs map[string]int, sharedAlloc structured.AllocatedState, claims claimIndex) *Snapshot {
+	s := newSnapshot(in, cfg, len(b.sorted))
 	s.poolNode = b.poolNode
 	infos := make([]NodeInfo, len(b.sorted))
 	views := make([]*framework.NodeInfo, len(b.sorted))
 	for i, name := range b.sorted {
 		ne := b.nodes[name]
 		st := ne.st
+		if o := override[name]; o != nil {
+			st = o
+		}
 		infos[i] = NodeInfo{
 			Node: ne.node, Slices: st.slices, Requested: st.requested, Pods: st.pods,
 			Allocated: st.allocated, GPUTotal: st.gpuTotal, GPUUsed: st.gpuUsed,
@@ -643,13 +681,9 @@ func (b *incremental) snapshot(in Input, nodeSet bool) *Snapshot {
 	}
 	s.sharedSlices = b.sharedSlices
 	s.sharedCosts = b.sharedCosts
-	s.sharedAllocated = b.sharedAlloc
-	s.Pods = filters.NewSharedView(views, b.pvcRefs)
-	b.pvcPublished = true
+	s.sharedAllocated = sharedAlloc
+	s.Pods = filters.NewSharedView(views, pvcRefs)
 	s.Pods.SetExtendedResources(s.extended)
-	s.claims = b.claimIdx
-	if nodeSet && b.cfg.Cache != nil {
-		b.cfg.Cache.retain(s.byName)
-	}
+	s.claims = claims
 	return s
 }

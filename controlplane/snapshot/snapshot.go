@@ -158,6 +158,11 @@ type Snapshot struct {
 	poolNode map[poolKey]string
 	claims   claimIndex
 
+	// inc is the incremental state this snapshot was published from at epoch (nil for New
+	// and what-if snapshots): what-if snapshots of the same input reuse it (whatif.go).
+	inc   *incremental
+	epoch uint64
+
 	// pre is the device pre-selection of the nodes evaluated so far (prefilter.go).
 	preMu sync.Mutex
 	pre   map[string]*nodeDevices
