@@ -1,10 +1,12 @@
 package scheduler_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/tessera-gpu/tessera/controlplane/api/v1alpha1"
 	"github.com/tessera-gpu/tessera/controlplane/scheduler"
@@ -27,12 +29,21 @@ func idle(t *testing.T, s *scheduler.Scheduler, n uint64, timeout time.Duration)
 
 func unschedulable(c metav1.Condition) bool { return c.Reason == v1alpha1.ReasonUnschedulable }
 
+// deletePodsAtEnd deletes the test's pods when it ends, so that its waiting gangs do not stay
+// in the shared control plane for the schedulers of later tests.
+func deletePodsAtEnd(e *env) {
+	e.t.Cleanup(func() {
+		_ = e.kube.CoreV1().Pods(e.ns).DeleteCollection(context.Background(), metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))}, metav1.ListOptions{})
+	})
+}
+
 // TestWaitingGangIsNotSearchedWhileNothingChanges: a gang that does not fit is not searched
 // again in idle cycles (decide asks, the solver answers from its last failure), its reason
 // stays; it is searched again, and placed, right after a claim is released (pods finish) and
 // right after a node joins — long before the safety-net retry (an hour here).
 func TestWaitingGangIsNotSearchedWhileNothingChanges(t *testing.T) {
 	e := newEnv(t)
+	deletePodsAtEnd(e)
 	e.addNode("a", 8, false, nil)
 	q := e.addQueue("q", "", "", "", 1)
 	opts := defaultOptions()
@@ -90,6 +101,7 @@ func TestWaitingGangIsNotSearchedWhileNothingChanges(t *testing.T) {
 // searches a waiting gang again every UnfitRetry.
 func TestWaitingGangIsSearchedAgainAfterUnfitRetry(t *testing.T) {
 	e := newEnv(t)
+	deletePodsAtEnd(e)
 	e.addNode("a", 2, false, nil)
 	q := e.addQueue("q", "", "", "", 1)
 	opts := defaultOptions()

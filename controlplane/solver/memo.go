@@ -4,7 +4,11 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/controlplane/snapshot"
 )
@@ -110,17 +114,17 @@ func asUnschedulable(err error, u **Unschedulable) bool {
 	return ok
 }
 
-// gangKey is everything of a gang a search reads besides the snapshot: its pods and claims
-// (by UID and resourceVersion, with what the scheduler's overlay may change without a new
-// resourceVersion: a pod's node, a claim's allocation and consumers), whom claims are
-// reserved for, topology and the nodes to avoid.
+// gangKey is everything of a gang a search reads besides the snapshot: its pods (podKey) and
+// claims (by UID and resourceVersion, with what the scheduler's overlay may change without a
+// new resourceVersion: a claim's allocation and consumers), whom claims are reserved for,
+// topology and the nodes to avoid.
 func gangKey(g *Gang) string {
 	// The search orders the pods itself (newSearch), so their order here does not matter:
 	// the callers list them in informer order, which changes from cycle to cycle.
 	pods := make([]string, 0, len(g.Pods))
 	for _, p := range g.Pods {
 		var b strings.Builder
-		fmt.Fprintf(&b, "%s/%s/%s;", p.Pod.UID, p.Pod.ResourceVersion, p.Pod.Spec.NodeName)
+		podKey(&b, p.Pod)
 		for _, c := range p.Claims {
 			fmt.Fprintf(&b, "%s/%s/%v/%d,", c.UID, c.ResourceVersion, c.Status.Allocation != nil, len(c.Status.ReservedFor))
 		}
@@ -151,4 +155,24 @@ func gangKey(g *Gang) string {
 		fmt.Fprintf(&b, "avoid%v", avoid)
 	}
 	return b.String()
+}
+
+// podKey writes what a search reads of a pod: its spec (by metadata.generation, which the API
+// server increments on every spec change; by resourceVersion where it is not set), node,
+// labels, annotations and claim statuses — not the rest of its status, which the scheduler
+// itself writes after a failed search (the PodScheduled condition) and which would otherwise
+// make every waiting gang look new once.
+func podKey(b *strings.Builder, p *v1.Pod) {
+	ver := "rv" + p.ResourceVersion
+	if p.Generation > 0 {
+		ver = "g" + strconv.FormatInt(p.Generation, 10)
+	}
+	fmt.Fprintf(b, "%s/%s/%s/%v/%v/", p.UID, ver, p.Spec.NodeName, p.Labels, p.Annotations)
+	for _, st := range p.Status.ResourceClaimStatuses {
+		fmt.Fprintf(b, "%s=%s,", st.Name, ptr.Deref(st.ResourceClaimName, "-"))
+	}
+	if e := p.Status.ExtendedResourceClaimStatus; e != nil {
+		fmt.Fprintf(b, "ext=%s/%d", e.ResourceClaimName, len(e.RequestMappings))
+	}
+	b.WriteByte(';')
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 
+	v1 "k8s.io/api/core/v1"
+
 	"github.com/tessera-gpu/tessera/controlplane/snapshot"
 )
 
@@ -52,6 +54,18 @@ func TestUnchangedInputIsNotSearchedAgain(t *testing.T) {
 	changed.Pods[3].Pod.ResourceVersion = "2"
 	solve(WithInput(ctx, snap2, 1), snap2, changed, true)
 	solve(WithInput(ctx, snap2, 1), snap2, changed, false)
+	// A new status (the PodScheduled condition the scheduler writes: a new resourceVersion,
+	// the same generation) is no change; a new generation (the spec changed) is.
+	gen := gpuGang("gen", 14)
+	for _, p := range gen.Pods {
+		p.Pod.Generation, p.Pod.ResourceVersion = 1, "1"
+	}
+	solve(WithInput(ctx, snap2, 1), snap2, gen, true)
+	gen.Pods[0].Pod.ResourceVersion = "9"
+	gen.Pods[0].Pod.Status.Conditions = []v1.PodCondition{{Type: v1.PodScheduled, Status: v1.ConditionFalse}}
+	solve(WithInput(ctx, snap2, 1), snap2, gen, false)
+	gen.Pods[0].Pod.Generation = 2
+	solve(WithInput(ctx, snap2, 1), snap2, gen, true)
 	// A new epoch: everything is searched again.
 	snap3 := c.snapshot()
 	solve(WithInput(ctx, snap3, 2), snap3, big, true)
