@@ -11,6 +11,7 @@ import (
 	v1alpha1 "github.com/tessera-gpu/tessera/controlplane/api/v1alpha1"
 	"github.com/tessera-gpu/tessera/controlplane/scheduler"
 	"github.com/tessera-gpu/tessera/controlplane/solver"
+	"github.com/tessera-gpu/tessera/test/framework"
 )
 
 // idle lets n cycles pass and returns the solver's counters before and after.
@@ -41,8 +42,12 @@ func deletePodsAtEnd(e *env) {
 // again in idle cycles (decide asks, the solver answers from its last failure), its reason
 // stays; it is searched again, and placed, right after a claim is released (pods finish) and
 // right after a node joins — long before the safety-net retry (an hour here).
+//
+// Its own control plane: in the shared one, what earlier tests left (gangs still waiting or
+// placed late, their status writes) changes the input, and the gang is rightly searched again.
 func TestWaitingGangIsNotSearchedWhileNothingChanges(t *testing.T) {
-	e := newEnv(t)
+	cp := framework.StartForTest(t, framework.Options{Controllers: framework.DefaultControllers})
+	e := newEnvOn(t, cp)
 	deletePodsAtEnd(e)
 	e.addNode("a", 8, false, nil)
 	q := e.addQueue("q", "", "", "", 1)
