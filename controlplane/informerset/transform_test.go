@@ -59,7 +59,7 @@ func agentSlices(t testing.TB, node, config string) []*resourceapi.ResourceSlice
 				Name: fmt.Sprintf("%s-%d", node, i), UID: "uid", ResourceVersion: "7",
 				ManagedFields: []metav1.ManagedFieldsEntry{{
 					Manager: "tessera-node", Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "resource.k8s.io/v1",
-					FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:spec":{"f:devices":{},"f:driver":{},"f:nodeName":{},"f:pool":{"f:generation":{},"f:name":{},"f:resourceSliceCount":{}},"f:sharedCounters":{}}}`)},
+					FieldsType: "FieldsV1", FieldsV1: metav1.NewFieldsV1(`{"f:spec":{"f:devices":{},"f:driver":{},"f:nodeName":{},"f:pool":{"f:generation":{},"f:name":{},"f:resourceSliceCount":{}},"f:sharedCounters":{}}}`),
 				}},
 			},
 			Spec: resourceapi.ResourceSliceSpec{

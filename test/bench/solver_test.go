@@ -321,7 +321,7 @@ func asInformerHolds(b *testing.B, in []*resourceapi.ResourceSlice, form sliceFo
 		s.ManagedFields = []metav1.ManagedFieldsEntry{{
 			Manager: "tessera-node", Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "resource.k8s.io/v1",
 			Time: &metav1.Time{Time: time.Unix(1764547200, 0)}, FieldsType: "FieldsV1",
-			FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:spec":{"f:devices":{},"f:driver":{},"f:nodeName":{},"f:pool":{"f:generation":{},"f:name":{},"f:resourceSliceCount":{}},"f:sharedCounters":{}}}`)},
+			FieldsV1: metav1.NewFieldsV1(`{"f:spec":{"f:devices":{},"f:driver":{},"f:nodeName":{},"f:pool":{"f:generation":{},"f:name":{},"f:resourceSliceCount":{}},"f:sharedCounters":{}}}`),
 		}}
 		data, err := s.Marshal()
 		if err != nil {
