@@ -110,6 +110,11 @@ func New(o Options) (*Set, error) {
 	s.PodGroups = cache.NewSharedIndexInformer(o.Sched.PodGroupListWatch(), &v1alpha1.PodGroup{}, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
 	s.Topologies = cache.NewSharedIndexInformer(o.Sched.TopologyListWatch(), &v1alpha1.Topology{}, 0, cache.Indexers{})
 	s.PriorityClasses = f.Scheduling().V1().PriorityClasses().Informer()
+	// The slice informer's copy shares equal values across devices and nodes and has no
+	// managedFields (transform.go): most of the heap on a cluster of partitionable GPUs.
+	if err := f.Resource().V1().ResourceSlices().Informer().SetTransform(NewSliceTransform().Func()); err != nil {
+		return nil, fmt.Errorf("ResourceSlice informer transform: %w", err)
+	}
 	s.All = []cache.SharedIndexInformer{
 		s.Pods, s.Namespaces, s.PriorityClasses, s.Topologies,
 		f.Core().V1().Nodes().Informer(),

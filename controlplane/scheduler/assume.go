@@ -18,6 +18,8 @@ type assumeCache struct {
 	// extended are the extended-resource claims being created, by pod UID: not in the
 	// informers at all until the commit creates them, so they are added to the claim list.
 	extended map[types.UID]*resourceapi.ResourceClaim
+	// gen counts changes (the scheduler's input epoch, epoch.go).
+	gen uint64
 }
 
 // assumedClaim is a claim as it will be (pending: the commit is writing it) or as the API
@@ -36,18 +38,21 @@ func newAssumeCache() *assumeCache {
 func (a *assumeCache) assumeExtended(pod types.UID, c *resourceapi.ResourceClaim) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.gen++
 	a.extended[pod] = c
 }
 
 func (a *assumeCache) forgetExtended(pod types.UID) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.gen++
 	delete(a.extended, pod)
 }
 
 func (a *assumeCache) reset() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.gen++
 	a.pods = map[types.UID]string{}
 	a.claims = map[types.UID]*assumedClaim{}
 	a.extended = map[types.UID]*resourceapi.ResourceClaim{}
@@ -56,24 +61,28 @@ func (a *assumeCache) reset() {
 func (a *assumeCache) assumePod(uid types.UID, node string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.gen++
 	a.pods[uid] = node
 }
 
 func (a *assumeCache) assumeClaim(c *resourceapi.ResourceClaim, pending bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.gen++
 	a.claims[c.UID] = &assumedClaim{claim: c, pending: pending}
 }
 
 func (a *assumeCache) forgetPod(uid types.UID) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.gen++
 	delete(a.pods, uid)
 }
 
 func (a *assumeCache) forgetClaim(uid types.UID) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.gen++
 	delete(a.claims, uid)
 }
 
@@ -146,6 +155,13 @@ func (a *assumeCache) overlay(pods []*v1.Pod, claims []*resourceapi.ResourceClai
 		}
 	}
 	return outPods, outClaims
+}
+
+// state returns the change count and whether anything is assumed.
+func (a *assumeCache) state() (gen uint64, busy bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.gen, len(a.pods)+len(a.claims)+len(a.extended) > 0
 }
 
 // caughtUp: the informer has the written version of the claim or a later one.

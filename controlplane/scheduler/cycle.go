@@ -29,10 +29,12 @@ func (s *Scheduler) cycle(ctx context.Context) {
 	logger := klog.FromContext(ctx)
 	start := time.Now()
 	now := s.clock.Now()
+	before, busy := s.changes()
 	in := s.collect(ctx, now)
 	s.mu.Lock()
-	d := decide.Decide(ctx, s.decideCfg, in, s.memory)
+	d := decide.Decide(s.withInputEpoch(ctx, in, before, busy), s.decideCfg, in, s.memory)
 	s.mu.Unlock()
+	s.afterDecide(d)
 	decideLatency.Observe(time.Since(start).Seconds())
 	for _, sec := range d.SolveSeconds {
 		solveLatency.Observe(sec)

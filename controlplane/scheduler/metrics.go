@@ -44,6 +44,10 @@ var (
 		Subsystem: subsystem, Name: "api_writes_total",
 		Help: "Writes of the effects layer by kind (status, pod condition, event, PodGroup, eviction).", StabilityLevel: metrics.ALPHA,
 	}, []string{"kind"})
+	searchesUnchanged = metrics.NewCounter(&metrics.CounterOpts{
+		Subsystem: subsystem, Name: "searches_unchanged_total",
+		Help: "Searches of waiting gangs not run again because nothing they read changed since they last failed (answered with that failure).", StabilityLevel: metrics.ALPHA,
+	})
 	commitErrors = metrics.NewCounter(&metrics.CounterOpts{
 		Subsystem: subsystem, Name: "commit_errors_total",
 		Help: "Gang commits that failed and were undone.", StabilityLevel: metrics.ALPHA,
@@ -68,6 +72,6 @@ var registerOnce sync.Once
 // (served by legacyregistry.Handler()).
 func RegisterMetrics() {
 	registerOnce.Do(func() {
-		legacyregistry.MustRegister(gangsPending, gangsAdmitted, podsBound, solveLatency, decideLatency, wallClockAborts, bindRollbacks, apiWrites, commitErrors, queueAllocated, queueRequested, victimSets)
+		legacyregistry.MustRegister(gangsPending, gangsAdmitted, podsBound, solveLatency, decideLatency, wallClockAborts, bindRollbacks, apiWrites, searchesUnchanged, commitErrors, queueAllocated, queueRequested, victimSets)
 	})
 }

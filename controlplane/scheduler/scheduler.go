@@ -95,6 +95,10 @@ type Options struct {
 	// VolumeBindTimeout bounds a commit's wait for the PV controller to bind a gang's
 	// volumes. Zero means 10 minutes (the kube-scheduler's default).
 	VolumeBindTimeout time.Duration
+	// UnfitRetry: a gang that did not fit is searched again as soon as anything its search
+	// reads changes, and at least this often (epoch.go). Zero means 30 seconds; negative
+	// searches waiting gangs whenever decide asks (after their backoff).
+	UnfitRetry time.Duration
 	// Clock, when set, replaces the real clock (tests step a fake one).
 	Clock clock.WithTicker
 }
@@ -141,6 +145,10 @@ type Scheduler struct {
 	capacityGen uint64 // bumped when capacity may have come back
 
 	cycles atomic.Uint64
+	// inputGen counts informer events that can change a decision (kick); epochs is the cycle
+	// goroutine's input epoch (epoch.go).
+	inputGen atomic.Uint64
+	epochs   epochState
 
 	// leading: this replica schedules.
 	leadMu  sync.Mutex
@@ -172,6 +180,9 @@ func New(cfg *rest.Config, opts Options) (*Scheduler, error) {
 	}
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
+	}
+	if opts.UnfitRetry == 0 {
+		opts.UnfitRetry = defaultUnfitRetry
 	}
 	kube, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
@@ -246,6 +257,7 @@ func New(cfg *rest.Config, opts Options) (*Scheduler, error) {
 }
 
 func (s *Scheduler) kick(capacity bool) {
+	s.inputGen.Add(1)
 	if capacity {
 		s.mu.Lock()
 		s.capacityGen++
@@ -379,6 +391,7 @@ func (s *Scheduler) lead(ctx context.Context) error {
 	defer s.effects.waitCommits()
 	s.assumed.reset()
 	s.effects.reset()
+	s.inputGen.Add(1) // a new term starts a new input epoch
 	s.mu.Lock()
 	s.memory = decide.NewMemory()
 	s.mu.Unlock()

@@ -156,6 +156,9 @@ type Solver struct {
 	// podSigs caches podSignature of pods by UID (valid for one resourceVersion and one set
 	// of relevant label keys).
 	podSigs map[types.UID]podSigEntry
+	// memo keeps the failed searches of the current input epoch (memo.go); stats counts.
+	memo  memo
+	stats Stats
 }
 
 type podSigEntry struct {
@@ -177,11 +180,28 @@ func (s *Solver) Config() Config { return s.cfg }
 // Solve searches a placement for every pod of the gang. It returns *Unschedulable when none
 // exists (or none was found within the budget), any other error for bad input (a CEL error, a
 // missing DeviceClass). The snapshot is left as it was.
+//
+// With WithInput, a gang that failed on a snapshot of the same input epoch is answered with
+// the same *Unschedulable without a search (memo.go).
 func (s *Solver) Solve(ctx context.Context, snap *snapshot.Snapshot, gang *Gang) (*Result, error) {
-	logger := klog.FromContext(ctx)
 	if len(gang.Pods) == 0 {
 		return &Result{}, nil
 	}
+	key, prev := s.memoLookup(ctx, snap, gang)
+	if prev != nil {
+		klog.FromContext(ctx).V(4).Info("Gang does not fit, input unchanged since its last search", "gang", gang.Name, "reason", prev)
+		return nil, prev
+	}
+	s.mu.Lock()
+	s.stats.Searches++
+	s.mu.Unlock()
+	res, err := s.solve(ctx, snap, gang)
+	s.memoRecord(snap, key, err)
+	return res, err
+}
+
+func (s *Solver) solve(ctx context.Context, snap *snapshot.Snapshot, gang *Gang) (*Result, error) {
+	logger := klog.FromContext(ctx)
 	session := s.cfg.Filters.Begin(ctx, snap.Pods)
 	defer session.End()
 	st, err := s.newSearch(ctx, snap, session, gang)

@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -339,4 +340,110 @@ func installCRDs(ctx context.Context, b *testing.B, cfg *rest.Config, kube kuber
 			b.Fatal(err)
 		}
 	}
+}
+
+var (
+	waitNodes  = flag.Int("e2e-wait-nodes", 20, "nodes (8 GPUs each) in BenchmarkWaitingGang")
+	waitWindow = flag.Duration("e2e-wait-window", 20*time.Second, "how long BenchmarkWaitingGang measures a waiting gang")
+)
+
+// BenchmarkWaitingGang measures what a gang that cannot fit costs while nothing changes, on a
+// real API server: e2e-wait-nodes × 8 GPUs and one gang of nodes × 8 + 1 one-GPU pods. Once
+// the gang's PodGroup says Unschedulable, the scheduler's process CPU (getrusage: the
+// benchmark process is the scheduler and an idle client) is sampled over e2e-wait-window,
+// with the search of unchanged inputs on (unfit-retry=30s, the default) and off
+// (unfit-retry=off: searched whenever decide's backoff asks). Sub-benchmarks alternate with
+// -count. Run with -benchtime=1x.
+func BenchmarkWaitingGang(b *testing.B) {
+	logger := klog.Background()
+	ctx := klog.NewContext(context.Background(), logger)
+	cp := framework.Shared(b)
+	cfg := rest.CopyConfig(cp.Config)
+	cfg.QPS, cfg.Burst = 1000, 2000
+	kube := kubernetes.NewForConfigOrDie(cfg)
+	sc, err := client.NewForConfig(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	installCRDs(ctx, b, cfg, kube, sc)
+	pool := framework.UniqueName("wait")
+	nodes := *waitNodes
+	parallel(b, nodes, func(i int) error { return createPoolNode(ctx, kube, fmt.Sprintf("%s-%03d", pool, i), pool) })
+	qname := framework.UniqueName("bench")
+	if _, err := sc.Queues().Create(ctx, &v1alpha1.Queue{ObjectMeta: metav1.ObjectMeta{Name: qname}}); err != nil {
+		b.Fatal(err)
+	}
+	ns := cp.CreateNamespace(b)
+	pods := nodes*8 + 1
+	if _, err := sc.PodGroups(ns).Create(ctx, &v1alpha1.PodGroup{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "big"},
+		Spec: v1alpha1.PodGroupSpec{MinMember: int32(pods), Queue: qname}}); err != nil {
+		b.Fatal(err)
+	}
+	parallel(b, pods, func(i int) error {
+		return createPod(ctx, kube, ns, i, pool, map[string]string{v1alpha1.PodGroupAnnotation: "big"})
+	})
+	for _, v := range []struct {
+		name  string
+		retry time.Duration
+	}{{"unfit-retry=off", -1}, {"unfit-retry=30s", 0}} {
+		b.Run(v.name, func(b *testing.B) {
+			s, err := scheduler.New(cfg, scheduler.Options{Period: 200 * time.Millisecond, Parallelism: 64, UnfitRetry: v.retry})
+			if err != nil {
+				b.Fatal(err)
+			}
+			sctx, cancel := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() { done <- s.Run(sctx) }()
+			defer func() { cancel(); <-done }()
+			// Waiting: the gang's first search failed in this scheduler.
+			if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
+				return s.SolverStats().Searches > 0 && s.Cycles() > 5, nil
+			}); err != nil {
+				b.Fatal("the gang was never searched")
+			}
+			before, cycles := s.SolverStats(), s.Cycles()
+			cpu0 := processCPU()
+			time.Sleep(*waitWindow)
+			cpu := processCPU() - cpu0
+			after := s.SolverStats()
+			b.ReportMetric(float64(cpu.Milliseconds())/waitWindow.Seconds(), "cpu-ms/s")
+			b.ReportMetric(float64(after.Searches-before.Searches), "searches")
+			b.ReportMetric(float64(after.Unchanged-before.Unchanged), "unchanged")
+			b.ReportMetric(float64(s.Cycles()-cycles), "cycles")
+		})
+	}
+}
+
+// processCPU is the user and system CPU time of this process so far.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// createPoolNode creates a node with 8 whole GPUs, labelled bench-pool=pool.
+func createPoolNode(ctx context.Context, kube kubernetes.Interface, name, pool string) error {
+	node := fixture.Node(name, map[string]string{"bench-pool": pool, "kubernetes.io/hostname": name})
+	node.UID = ""
+	created, err := kube.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+	if err != nil {
+		return err
+	}
+	created.Spec.Taints = nil
+	if created, err = kube.CoreV1().Nodes().Update(ctx, created, metav1.UpdateOptions{}); err != nil {
+		return err
+	}
+	created.Status = node.Status
+	if _, err := kube.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		return err
+	}
+	for _, s := range fixture.WholeGPUSlices(name, 8) {
+		s.UID = ""
+		if _, err := kube.ResourceV1().ResourceSlices().Create(ctx, s, metav1.CreateOptions{}); err != nil {
+			return err
+		}
+	}
+	return nil
 }

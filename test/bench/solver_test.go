@@ -16,12 +16,14 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/dynamic-resource-allocation/structured"
 
 	"github.com/tessera-gpu/tessera/controlplane/filters"
 	"github.com/tessera-gpu/tessera/controlplane/fixture"
+	"github.com/tessera-gpu/tessera/controlplane/informerset"
 	"github.com/tessera-gpu/tessera/controlplane/snapshot"
 	"github.com/tessera-gpu/tessera/controlplane/solver"
 )
@@ -246,17 +248,25 @@ func BenchmarkSnapshot(b *testing.B) {
 // the objects (as the informers hold them), two cycles' incremental snapshots, and a
 // 64-pod gang solved on the second. It reports the Go heap in use after a GC (heap-MiB) and
 // the process's peak resident set (VmHWM, rss-peak-MiB; the test binary's, which includes
-// the benchmark harness). The objects are built in-process rather than decoded from an API
-// server, so an informer's indexes and the decoded form's extra fields are not counted.
+// the benchmark harness). The objects are built in-process, so an informer's indexes are not
+// counted; the decoded variants hold the slices as an informer does (decoded from protobuf,
+// with managedFields), without and with the scheduler's informer transform.
 func BenchmarkSchedulerMemory(b *testing.B) {
-	for _, partitionable := range []bool{false, true} {
-		kind := "whole"
-		if partitionable {
-			kind = "partitionable-mig"
-		}
-		b.Run(fmt.Sprintf("nodes=5000/pods=40000/%s", kind), func(b *testing.B) {
+	for _, v := range []struct {
+		name          string
+		partitionable bool
+		slices        sliceForm
+	}{
+		{"whole", false, inProcess},
+		{"partitionable-mig", true, inProcess},
+		{"partitionable-mig/decoded", true, decodedSlices},
+		{"partitionable-mig/decoded/transform", true, transformedSlices},
+	} {
+		b.Run(fmt.Sprintf("nodes=5000/pods=40000/%s", v.name), func(b *testing.B) {
 			for i := 0; i < b.N; i++ {
-				in := clusterWith(5000, partitionable, 8)
+				in := clusterWith(5000, v.partitionable, 8)
+				in.Slices = asInformerHolds(b, in.Slices, v.slices)
+				runtime.GC()
 				cache := snapshot.NewCache()
 				cfg := snapshot.Config{Features: features, CELCache: snapshot.NewCELCache(features), Cache: cache, PodInfos: filters.NewPodInfoCache()}
 				cache.Snapshot(in, cfg)
@@ -284,6 +294,50 @@ func BenchmarkSchedulerMemory(b *testing.B) {
 			}
 		})
 	}
+}
+
+// sliceForm is how a memory benchmark holds the cluster's ResourceSlices.
+type sliceForm int
+
+const (
+	// inProcess: as the fixture builds them (strings and values shared where Go shares them).
+	inProcess sliceForm = iota
+	// decodedSlices: as an informer without a transform holds them: each slice decoded from
+	// protobuf (every string and value allocated on its own), with the managedFields entry of
+	// the node agent's writes.
+	decodedSlices
+	// transformedSlices: decoded, then through the scheduler's informer transform
+	// (informerset.SliceTransform).
+	transformedSlices
+)
+
+func asInformerHolds(b *testing.B, in []*resourceapi.ResourceSlice, form sliceForm) []*resourceapi.ResourceSlice {
+	if form == inProcess {
+		return in
+	}
+	tr := informerset.NewSliceTransform()
+	out := make([]*resourceapi.ResourceSlice, len(in))
+	for i, s := range in {
+		s.ManagedFields = []metav1.ManagedFieldsEntry{{
+			Manager: "tessera-node", Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "resource.k8s.io/v1",
+			Time: &metav1.Time{Time: time.Unix(1764547200, 0)}, FieldsType: "FieldsV1",
+			FieldsV1: metav1.NewFieldsV1(`{"f:spec":{"f:devices":{},"f:driver":{},"f:nodeName":{},"f:pool":{"f:generation":{},"f:name":{},"f:resourceSliceCount":{}},"f:sharedCounters":{}}}`),
+		}}
+		data, err := s.Marshal()
+		if err != nil {
+			b.Fatal(err)
+		}
+		d := &resourceapi.ResourceSlice{}
+		if err := d.Unmarshal(data); err != nil {
+			b.Fatal(err)
+		}
+		if form == transformedSlices {
+			tr.Slice(d)
+		}
+		out[i] = d
+		in[i] = nil // the in-process copy is garbage from here
+	}
+	return out
 }
 
 func writeHeapProfile(b *testing.B, path string) {
