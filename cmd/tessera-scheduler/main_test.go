@@ -21,6 +21,7 @@ func TestBadFlagsAreNamed(t *testing.T) {
 		"--shadow --shadow-deadlock-after=0":                                "--shadow-deadlock-after must be positive",
 		"--consolidation-max-pods=-1":                                       "--consolidation-max-pods must not be negative",
 		"--usage-weight=-1":                                                 "--usage-weight must not be negative",
+		"--unfit-retry=-1s":                                                 "--unfit-retry must not be negative",
 	} {
 		fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
 		o := newOptions()

@@ -42,6 +42,7 @@ type options struct {
 	usageHalfLife      time.Duration
 	usageWeight        float64
 	consolidationMax   int
+	unfitRetry         time.Duration
 	formation          time.Duration
 	volumeBind         time.Duration
 	jointSteps         int64
@@ -87,6 +88,7 @@ func newOptions() *options {
 		usageHalfLife:      time.Hour,
 		usageWeight:        1,
 		consolidationMax:   16,
+		unfitRetry:         30 * time.Second,
 		formation:          2 * time.Minute,
 		volumeBind:         10 * time.Minute,
 		jointSteps:         10000,
@@ -133,6 +135,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.usageHalfLife, "usage-half-life", o.usageHalfLife, "Half-life of each queue's usage history (status.usage, kept across restarts); 0 keeps none.")
 	fs.Float64Var(&o.usageWeight, "usage-weight", o.usageWeight, "How much past usage lowers a queue's over-quota share (like KAI Scheduler's kValue); 0 ignores it.")
 	fs.IntVar(&o.consolidationMax, "consolidation-max-pods", o.consolidationMax, "Most pods one consolidation moves (evicts, for their workloads to recreate elsewhere) to free whole nodes for a gang that does not fit only because the free GPUs are scattered; 0 disables consolidation.")
+	fs.DurationVar(&o.unfitRetry, "unfit-retry", o.unfitRetry, "A gang that did not fit is searched again as soon as anything its search reads changes (nodes, slices, claims, pods, queues), and at least this often as a safety net; 0 searches waiting gangs every cycle.")
 	fs.DurationVar(&o.starvation, "starvation-timeout", o.starvation, "A gang beyond its queue's quota that has not fit for this long (and would fit the empty cluster) holds back other such gangs until it is placed; negative disables.")
 	fs.DurationVar(&o.formation, "gang-formation-timeout", o.formation, "A gang with fewer pods than minMember for this long says so: its PodGroup condition names the workload and how many pods it waits for, an Event is emitted and its pods get PodScheduled=False; negative disables.")
 	fs.DurationVar(&o.volumeBind, "volume-bind-timeout", o.volumeBind, "How long a commit waits for the PV controller to bind a gang's WaitForFirstConsumer volumes before it fails and is undone.")
@@ -177,6 +180,8 @@ func (o *options) validate() error {
 		return fmt.Errorf("--usage-half-life must not be negative, got %s", o.usageHalfLife)
 	case o.usageWeight < 0:
 		return fmt.Errorf("--usage-weight must not be negative, got %g", o.usageWeight)
+	case o.unfitRetry < 0:
+		return fmt.Errorf("--unfit-retry must not be negative (0 searches waiting gangs every cycle), got %s", o.unfitRetry)
 	case o.consolidationMax < 0:
 		return fmt.Errorf("--consolidation-max-pods must not be negative (0 disables consolidation), got %d", o.consolidationMax)
 	case o.shadow && len(o.shadowSchedulers) == 0:

@@ -33,23 +33,7 @@ func run(ctx context.Context, o *options) error {
 		return runShadow(ctx, o, cfg)
 	}
 
-	opts := scheduler.Options{
-		SchedulerName:        o.schedulerName,
-		Solver:               solver.Config{TopologyKeys: o.topologyKeys, Spread: o.spread, MaxTries: o.maxTries, JointSteps: o.jointSteps, MaxSteps: o.maxSteps},
-		ProbeNamespace:       o.probeNamespace,
-		GPUDrivers:           o.gpuDrivers,
-		Period:               o.period,
-		Parallelism:          o.parallelism,
-		StarvationTimeout:    o.starvation,
-		FormationTimeout:     o.formation,
-		UsageHalfLife:        o.usageHalfLife,
-		UsageWeight:          o.usageWeight,
-		ConsolidationMaxPods: o.consolidationMax,
-		VolumeBindTimeout:    o.volumeBind,
-	}
-	if o.consolidationMax == 0 {
-		opts.ConsolidationMaxPods = -1 // the flag's 0 disables it; the Options' 0 is the default
-	}
+	opts := o.schedulerOptions()
 	if o.catalog {
 		res, err := newCatalogResolver(ctx, cfg, o.clusterDefinitions, true)
 		if err != nil {
@@ -122,4 +106,31 @@ func serveEndpoints(ctx context.Context, o *options) (stop func(), err error) {
 		return nil, err
 	}
 	return srv.Stop, nil
+}
+
+// schedulerOptions maps the flags to the scheduler's Options (where a flag's 0 means "off"
+// and the Options' 0 means "the default", the flag's 0 becomes -1).
+func (o *options) schedulerOptions() scheduler.Options {
+	opts := scheduler.Options{
+		UnfitRetry:           o.unfitRetry,
+		SchedulerName:        o.schedulerName,
+		Solver:               solver.Config{TopologyKeys: o.topologyKeys, Spread: o.spread, MaxTries: o.maxTries, JointSteps: o.jointSteps, MaxSteps: o.maxSteps},
+		ProbeNamespace:       o.probeNamespace,
+		GPUDrivers:           o.gpuDrivers,
+		Period:               o.period,
+		Parallelism:          o.parallelism,
+		StarvationTimeout:    o.starvation,
+		FormationTimeout:     o.formation,
+		UsageHalfLife:        o.usageHalfLife,
+		UsageWeight:          o.usageWeight,
+		ConsolidationMaxPods: o.consolidationMax,
+		VolumeBindTimeout:    o.volumeBind,
+	}
+	if o.consolidationMax == 0 {
+		opts.ConsolidationMaxPods = -1 // the flag's 0 disables it; the Options' 0 is the default
+	}
+	if o.unfitRetry == 0 {
+		opts.UnfitRetry = -1
+	}
+	return opts
 }
