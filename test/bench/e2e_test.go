@@ -10,7 +10,6 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -412,15 +411,6 @@ func BenchmarkWaitingGang(b *testing.B) {
 			b.ReportMetric(float64(s.Cycles()-cycles), "cycles")
 		})
 	}
-}
-
-// processCPU is the user and system CPU time of this process so far.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // createPoolNode creates a node with 8 whole GPUs, labelled bench-pool=pool.
