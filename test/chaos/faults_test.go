@@ -27,16 +27,20 @@ const (
 	faultLeaderKill      = "kill -9 of the leading scheduler (mid-commit)"
 	faultAPIServer       = "kube-apiserver restart (kill -9)"
 	faultEtcd            = "etcd restart (kill -9)"
-	faultNodeKillPrepare = "kill -9 of tessera-node mid-prepare"
+	faultNodeKillPrepare = "kill -9 of tessera-node mid-prepare (MIG)"
+	faultKillPrepWhole   = "kill -9 of tessera-node mid-prepare (whole GPU)"
+	faultKillPrepMPS     = "kill -9 of tessera-node mid-prepare (MPS share)"
+	faultKillPrepTS      = "kill -9 of tessera-node mid-prepare (time-sliced GPU)"
 	faultNodeKillUnprep  = "kill -9 of tessera-node mid-unprepare"
 	faultKubelet         = "kubelet restart (plugin re-registration)"
 	faultNodeDelete      = "node deleted with running pods"
 	faultGPULost         = "GPU lost and back"
 	faultAPIProxy        = "API errors and latency (proxy: 429, 500, 409, slow, dropped watches)"
+	faultAPIApplied      = "API writes applied but answered 500 or cut (proxy)"
 )
 
-var faultKinds = []string{faultLeaderKill, faultAPIServer, faultEtcd, faultNodeKillPrepare, faultNodeKillUnprep,
-	faultKubelet, faultNodeDelete, faultGPULost, faultAPIProxy}
+var faultKinds = []string{faultLeaderKill, faultAPIServer, faultEtcd, faultNodeKillPrepare, faultKillPrepWhole, faultKillPrepMPS, faultKillPrepTS, faultNodeKillUnprep,
+	faultKubelet, faultNodeDelete, faultGPULost, faultAPIProxy, faultAPIApplied}
 
 // faultRecord is one injected fault.
 type faultRecord struct {
@@ -122,6 +126,8 @@ func (in *injector) inject(ctx context.Context, kind string, rec *faultRecord) e
 		return in.killNodeAt(ctx, rec, true)
 	case faultNodeKillUnprep:
 		return in.killNodeAt(ctx, rec, false)
+	case faultKillPrepWhole, faultKillPrepMPS, faultKillPrepTS:
+		return in.killMidPrepare(ctx, rec, kind)
 	case faultKubelet:
 		n := in.pickNode(false)
 		rec.Target = n.name
@@ -155,6 +161,15 @@ func (in *injector) inject(ctx context.Context, kind string, rec *faultRecord) e
 		rec.Note = fmt.Sprintf("429: %d, 500: %d, 409: %d, slow: %d, watches dropped: %d",
 			in.e.proxy.tooMany.Load()-before[0], in.e.proxy.internal.Load()-before[1], in.e.proxy.conflict.Load()-before[2],
 			in.e.proxy.slow.Load()-before[3], in.e.proxy.droppedWatches.Load()-before[4])
+		return nil
+	case faultAPIApplied:
+		rec.Target = "proxy"
+		before := [2]int64{in.e.proxy.applied500.Load(), in.e.proxy.appliedCut.Load()}
+		in.e.proxy.applied.Store(true)
+		time.Sleep(in.between(15*time.Second, 30*time.Second))
+		in.e.proxy.applied.Store(false)
+		rec.Note = fmt.Sprintf("writes applied, answered 500: %d, applied, cut before the answer: %d",
+			in.e.proxy.applied500.Load()-before[0], in.e.proxy.appliedCut.Load()-before[1])
 		return nil
 	}
 	return fmt.Errorf("unknown fault %q", kind)
