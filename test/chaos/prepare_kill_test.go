@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -30,41 +31,39 @@ import (
 //     no PrepareStarted record: nothing needs undoing).
 //   - MPS share (a shared node): the fake nvidia-cuda-mps-control -d, the
 //     claim's control daemon start, held by a file (realnode.HoldTool).
-//   - time-sliced GPU (a whole node): the fake nvidia-smi compute-policy
-//     that sets the GPU's time slice, after PrepareStarted is checkpointed.
+//   - time-sliced GPU (whole and MIG nodes: both publish whole GPUs): the
+//     fake nvidia-smi compute-policy that sets the GPU's time slice, after
+//     PrepareStarted is checkpointed.
 //
 // The kill counts as landed when a call was parked and the checkpoint shows
 // the claim mid-prepare: not PrepareCompleted (whole GPU, MPS share, whose
 // prepare writes no intent), PrepareStarted with the time slice not yet set
 // (time-sliced).
 func (in *injector) killMidPrepare(ctx context.Context, rec *faultRecord, kind string) error {
-	// A whole GPU's GetMigMode is held on a whole node (on a MIG node a MIG
-	// prepare asks it too); a time slice is set on whole GPUs of whole and
-	// MIG nodes.
-	var n *chaosNode
+	// A whole GPU's GetMigMode is held on one whole node (on a MIG node a
+	// MIG prepare asks it too; on every node it would stall each agent's
+	// discovery). The tool holds are armed on every candidate node at once
+	// (time-sliced and MPS prepares are rarer) and the first node where a
+	// call parks is killed; the others' parked calls go on at the release.
+	var candidates []*chaosNode
 	switch kind {
 	case faultKillPrepWhole:
-		n = in.pickNodeFor([]string{modeWhole}, "whole")
+		candidates = []*chaosNode{in.pickNodeFor([]string{modeWhole}, "whole")}
 	case faultKillPrepMPS:
-		n = in.pickNodeFor([]string{modeShared}, "shared")
+		candidates = in.nodesOf(modeShared)
 	default:
-		n = in.pickNodeFor([]string{modeWhole, modeMIG}, "whole-ts")
+		candidates = in.nodesOf(modeWhole, modeMIG)
 	}
-	rec.Target = n.name
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	in.c.nodeFault(n.name, true)
-	defer in.c.nodeFault(n.name, false)
 
-	var arm, disarm func() error
-	var parked func() ([]string, error)
+	var arm, disarm func(n *chaosNode) error
+	var parked func(n *chaosNode) ([]string, error)
 	var what string
 	switch kind {
 	case faultKillPrepWhole:
 		what = "GetMigMode"
-		arm = func() error { return nvmlbackend.SendControl(ctx, n.controlSocket(), "hold GetMigMode") }
-		disarm = func() error { return nil } // the hold dies with the process
-		parked = func() ([]string, error) {
+		arm = func(n *chaosNode) error { return nvmlbackend.SendControl(ctx, n.controlSocket(), "hold GetMigMode") }
+		disarm = func(n *chaosNode) error { return nil } // the hold dies with the process
+		parked = func(n *chaosNode) ([]string, error) {
 			out, err := nvmlbackend.QueryControl(ctx, n.controlSocket(), "held GetMigMode")
 			if err != nil || out == "0" {
 				return nil, err
@@ -77,45 +76,80 @@ func (in *injector) killMidPrepare(ctx context.Context, rec *faultRecord, kind s
 		if kind == faultKillPrepTS {
 			hold, what = realnode.HoldSMIComputePolicy, "nvidia-smi compute-policy"
 		}
-		arm = func() error { return realnode.HoldTool(n.holdDir(), hold) }
-		disarm = func() error { return realnode.ReleaseTool(n.holdDir(), hold) }
-		parked = func() ([]string, error) { return realnode.HeldTool(n.holdDir(), hold) }
+		arm = func(n *chaosNode) error { return realnode.HoldTool(n.holdDir(), hold) }
+		disarm = func(n *chaosNode) error { return realnode.ReleaseTool(n.holdDir(), hold) }
+		parked = func(n *chaosNode) ([]string, error) { return realnode.HeldTool(n.holdDir(), hold) }
 	}
 
-	landed := false
-	err := arm()
-	if err == nil {
-		deadline := time.Now().Add(30 * time.Second)
-		for time.Now().Before(deadline) {
-			calls, perr := parked()
-			if perr != nil {
-				err = perr
+	var errs []error
+	for _, n := range candidates {
+		if err := arm(n); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", n.name, err))
+		}
+	}
+	var target *chaosNode
+	var calls []string
+	for deadline := time.Now().Add(30 * time.Second); target == nil && len(errs) == 0 && time.Now().Before(deadline); {
+		for _, n := range candidates {
+			c, err := parked(n)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", n.name, err))
 				break
 			}
-			if len(calls) > 0 {
-				// Parked: the state is what it will be at the kill.
-				var mid int
-				mid, err = in.midPrepare(ctx, n, kind, calls)
-				landed = mid > 0
-				rec.Note = fmt.Sprintf("killed with %s parked (%s); checkpoint: %d claim(s) there mid-prepare", what, strings.Join(calls, ", "), mid)
+			if len(c) > 0 {
+				target, calls = n, c
 				break
 			}
+		}
+		if target == nil {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
+	if target == nil {
+		target = candidates[in.rng.IntN(len(candidates))]
+	}
+	n := target
+	rec.Target = n.name
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	in.c.nodeFault(n.name, true)
+	defer in.c.nodeFault(n.name, false)
+	landed := false
+	if calls != nil {
+		// Parked: the state is what it will be at the kill.
+		mid, err := in.midPrepare(ctx, n, kind, calls)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		landed = mid > 0
+		rec.Note = fmt.Sprintf("killed with %s parked (%s); checkpoint: %d claim(s) there mid-prepare", what, strings.Join(calls, ", "), mid)
+	}
 	n.killPlugin()
-	if derr := disarm(); err == nil {
-		err = derr
+	for _, c := range candidates {
+		if err := disarm(c); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	rec.Landed = &landed
 	if rec.Note == "" {
-		rec.Note = fmt.Sprintf("no %s within 30s: killed anyway", what)
+		rec.Note = fmt.Sprintf("no %s within 30s on %d node(s): killed anyway", what, len(candidates))
 	}
-	if err != nil {
+	if err := errors.Join(errs...); err != nil {
 		rec.Note += fmt.Sprintf(" (hold: %v)", err)
 	}
 	time.Sleep(in.between(time.Second, 3*time.Second))
 	return n.startPlugin(ctx)
+}
+
+// nodesOf returns the nodes of modes.
+func (in *injector) nodesOf(modes ...string) []*chaosNode {
+	var out []*chaosNode
+	for _, n := range in.e.nodes {
+		if slices.Contains(modes, n.mode) {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // midPrepare counts the claims the parked calls belong to that the
