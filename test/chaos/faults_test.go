@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -263,51 +264,73 @@ func (in *injector) pickNode(withPods bool) *chaosNode {
 // (CreateGpuInstanceWithPlacement, the prepare's first side effect, after
 // PrepareStarted is checkpointed) or compute instance destroy
 // (DestroyComputeInstance, the unprepare's first) at the call's entry, and
-// the process is killed while the call is parked. It waits up to 30 s for
-// such a call; the kill is counted as landed when a call was parked and the
-// checkpoint shows the claim in the state the crash is meant to hit
-// (PrepareStarted; still PrepareCompleted, for an unprepare). tessera-node
-// starts again after 1–3 s on the same directories (the hold dies with the
-// process).
+// the process is killed while the call is parked. The hold is armed on
+// every MIG node and the first node where a call parks (within 30 s) is
+// killed; the others are released. The kill is counted as landed when a
+// call was parked and the checkpoint shows the claim in the state the crash
+// is meant to hit (PrepareStarted; still PrepareCompleted, for an
+// unprepare). tessera-node starts again after 1–3 s on the same directories
+// (the hold dies with the process).
 func (in *injector) killNodeAt(ctx context.Context, rec *faultRecord, prepare bool) error {
-	n := in.pickMIGNode()
+	method, want := "DestroyComputeInstance", checkpoint.PrepareCompleted
+	if prepare {
+		method, want = "CreateGpuInstanceWithPlacement", checkpoint.PrepareStarted
+	}
+	candidates := in.nodesOf(modeMIG)
+	var errs []error
+	for _, c := range candidates {
+		if err := nvmlbackend.SendControl(ctx, c.controlSocket(), "hold "+method); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", c.name, err))
+		}
+	}
+	var n *chaosNode
+	var gpus []string
+	for deadline := time.Now().Add(30 * time.Second); n == nil && len(errs) == 0 && time.Now().Before(deadline); {
+		for _, c := range candidates {
+			out, err := nvmlbackend.QueryControl(ctx, c.controlSocket(), "held "+method)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", c.name, err))
+				break
+			}
+			if out != "0" {
+				n, gpus = c, strings.Fields(out)[1:]
+				break
+			}
+		}
+		if n == nil {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	if n == nil {
+		n = in.pickMIGNode()
+	}
 	rec.Target = n.name
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	in.c.nodeFault(n.name, true)
 	defer in.c.nodeFault(n.name, false)
-	method, want := "DestroyComputeInstance", checkpoint.PrepareCompleted
-	if prepare {
-		method, want = "CreateGpuInstanceWithPlacement", checkpoint.PrepareStarted
-	}
 	landed := false
-	err := nvmlbackend.SendControl(ctx, n.controlSocket(), "hold "+method)
-	if err == nil {
-		deadline := time.Now().Add(30 * time.Second)
-		for time.Now().Before(deadline) {
-			out, qerr := nvmlbackend.QueryControl(ctx, n.controlSocket(), "held "+method)
-			if qerr != nil {
-				err = qerr
-				break
-			}
-			if out != "0" {
-				// Parked: the state is what it will be at the kill.
-				gpus := strings.Fields(out)[1:]
-				inState := claimsAt(n.checkpointPath(), gpus, want, !prepare)
-				landed = inState > 0
-				rec.Note = fmt.Sprintf("killed with %s parked on GPU %s; checkpoint: %d claim(s) with a MIG device there %s, instance created %v",
-					method, strings.Join(gpus, " "), inState, want, !prepare)
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+	if gpus != nil {
+		// Parked: the state is what it will be at the kill.
+		inState := claimsAt(n.checkpointPath(), gpus, want, !prepare)
+		landed = inState > 0
+		rec.Note = fmt.Sprintf("killed with %s parked on GPU %s; checkpoint: %d claim(s) with a MIG device there %s, instance created %v",
+			method, strings.Join(gpus, " "), inState, want, !prepare)
 	}
 	n.killPlugin()
+	for _, c := range candidates {
+		if c == n {
+			continue
+		}
+		if err := nvmlbackend.SendControl(ctx, c.controlSocket(), "release "+method); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", c.name, err))
+		}
+	}
 	rec.Landed = &landed
 	if rec.Note == "" {
-		rec.Note = fmt.Sprintf("no %s within 30s: killed anyway", method)
+		rec.Note = fmt.Sprintf("no %s within 30s on %d MIG nodes: killed anyway", method, len(candidates))
 	}
-	if err != nil {
+	if err := errors.Join(errs...); err != nil {
 		rec.Note += fmt.Sprintf(" (control socket: %v)", err)
 	}
 	time.Sleep(in.between(time.Second, 3*time.Second))
