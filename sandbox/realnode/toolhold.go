@@ -29,12 +29,13 @@ const (
 )
 
 // toolHoldSh is the fake tools' shell side of a hold: tool_hold <name>
-// <what> parks while $FAKE_TOOLS_HOLD_DIR/<name> exists.
+// <what> parks while $FAKE_TOOLS_HOLD_DIR/<name> exists and its own parked
+// file is there (PassTool removes that one to let it go on).
 const toolHoldSh = `tool_hold() {
   [ -n "$FAKE_TOOLS_HOLD_DIR" ] && [ -e "$FAKE_TOOLS_HOLD_DIR/$1" ] || return 0
   parked="$FAKE_TOOLS_HOLD_DIR/$1.parked.$$"
   printf '%s\n' "$2" > "$parked"
-  while [ -e "$FAKE_TOOLS_HOLD_DIR/$1" ]; do sleep 0.05; done
+  while [ -e "$FAKE_TOOLS_HOLD_DIR/$1" ] && [ -e "$parked" ]; do sleep 0.05; done
   rm -f "$parked"
 }`
 
@@ -74,6 +75,21 @@ func HeldTool(dir, name string) ([]string, error) {
 	}
 	sort.Strings(out)
 	return out, nil
+}
+
+// PassTool lets the invocations parked on the hold name now go on; the hold
+// stays armed for later ones.
+func PassTool(dir, name string) error {
+	files, err := filepath.Glob(filepath.Join(dir, name+".parked.*"))
+	if err != nil {
+		return err
+	}
+	for _, f := range files {
+		if err := os.Remove(f); err != nil && !os.IsNotExist(err) {
+			return fmt.Errorf("pass %s: %w", name, err)
+		}
+	}
+	return nil
 }
 
 // ReleaseTool disarms the hold name (parked invocations go on) and forgets

@@ -71,6 +71,20 @@ func TestFakeToolHold(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(pipe, "control")); !os.IsNotExist(err) {
 		t.Fatalf("the daemon's control pipe exists while its start is parked (%v)", err)
 	}
+	// PassTool lets the parked call go on; the hold stays armed.
+	_, reset := run("nvidia-smi", "", "compute-policy", "-i", "GPU-0", "--set-timeslice", "0")
+	waitParked(HoldSMIComputePolicy, "compute-policy -i GPU-0 --set-timeslice 0")
+	if err := PassTool(holds, HoldSMIComputePolicy); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-reset:
+		if err != nil {
+			t.Fatalf("the passed call: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the passed call did not go on")
+	}
 	smi, policy := run("nvidia-smi", "", "compute-policy", "-i", "GPU-0", "--set-timeslice", "3")
 	waitParked(HoldSMIComputePolicy, "compute-policy -i GPU-0 --set-timeslice 3")
 

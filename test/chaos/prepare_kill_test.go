@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/tessera-gpu/tessera/contract"
 	configapi "github.com/tessera-gpu/tessera/draplugin/api/v1alpha1"
 	"github.com/tessera-gpu/tessera/draplugin/checkpoint"
+	"github.com/tessera-gpu/tessera/draplugin/sharing"
 	"github.com/tessera-gpu/tessera/nodeagent/nvmlbackend"
 	"github.com/tessera-gpu/tessera/sandbox/realnode"
 )
@@ -96,6 +98,14 @@ func (in *injector) killMidPrepare(ctx context.Context, rec *faultRecord, kind s
 				errs = append(errs, fmt.Errorf("%s: %w", n.name, err))
 				break
 			}
+			if kind == faultKillPrepTS && len(c) > 0 && !slices.ContainsFunc(c, settingTimeSlice) {
+				// Only an unprepare's reset to the default slice is parked
+				// here: let it go on and wait for a prepare.
+				if err := realnode.PassTool(n.holdDir(), realnode.HoldSMIComputePolicy); err != nil {
+					errs = append(errs, fmt.Errorf("%s: %w", n.name, err))
+				}
+				continue
+			}
 			if len(c) > 0 {
 				target, calls = n, c
 				break
@@ -139,6 +149,14 @@ func (in *injector) killMidPrepare(ctx context.Context, rec *faultRecord, kind s
 	}
 	time.Sleep(in.between(time.Second, 3*time.Second))
 	return n.startPlugin(ctx)
+}
+
+// settingTimeSlice: a parked nvidia-smi compute-policy call sets a slice
+// other than the default — the prepare of the run's time-sliced shape (Long);
+// an unprepare resets the GPU to the default (0).
+func settingTimeSlice(call string) bool {
+	f := strings.Fields(call)
+	return len(f) > 0 && f[len(f)-1] != strconv.Itoa(int(sharing.TimeSliceDefault))
 }
 
 // nodesOf returns the nodes of modes.
