@@ -282,10 +282,23 @@ func (c *committer) bind(ctx context.Context, pl *solver.Placement, attempt int)
 			return err
 		}
 	}
-	return c.client.CoreV1().Pods(pl.Pod.Namespace).Bind(ctx, &v1.Binding{
+	err := c.client.CoreV1().Pods(pl.Pod.Namespace).Bind(ctx, &v1.Binding{
 		ObjectMeta: metav1.ObjectMeta{Namespace: pl.Pod.Namespace, Name: pl.Pod.Name, UID: pl.Pod.UID},
 		Target:     v1.ObjectReference{Kind: "Node", Name: pl.Node},
 	}, metav1.CreateOptions{})
+	if err == nil || apierrors.IsNotFound(err) || apierrors.IsInvalid(err) {
+		return err
+	}
+	// The API server may have applied a binding whose answer was lost (a 500 from a load
+	// balancer, a cut connection); a retry of it then gets 409 "already assigned". A pod bound
+	// to this node is bound: counting it unbound would roll back a gang that runs and release
+	// the claims of a pod that holds its devices.
+	pod, gerr := c.client.CoreV1().Pods(pl.Pod.Namespace).Get(ctx, pl.Pod.Name, metav1.GetOptions{})
+	if gerr == nil && pod.UID == pl.Pod.UID && pod.Spec.NodeName == pl.Node {
+		klog.FromContext(ctx).V(2).Info("Binding failed but the pod is bound to its node: the answer was lost", "pod", klog.KObj(pl.Pod), "node", pl.Node, "err", err)
+		return nil
+	}
+	return err
 }
 
 // evict evicts a pod through the Eviction API (with its UID as precondition), retrying

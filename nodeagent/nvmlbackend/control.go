@@ -29,7 +29,7 @@ import (
 //	                         answered "ok" and one "<profile>@<start>(gi<ID>/ci<ID>)"
 //	                         per instance, space separated (QueryControl)
 //	hold <method>            a crash point: the method's calls (a MIG create
-//	                         or destroy, see hold.go) park at their entry, on
+//	                         or destroy, GetMigMode; see hold.go) park at their entry, on
 //	                         every GPU, until release or until the process dies
 //	held <method>            how many of its calls are parked now, answered
 //	                         "ok <n>" and the GPUs' UUIDs, space separated

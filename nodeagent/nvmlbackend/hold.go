@@ -14,8 +14,10 @@ import (
 // through the control socket (hold, held, release; see ServeControl).
 
 // holdableMethods are the calls a hold can park: the MIG calls a prepare or
-// an unprepare makes, named as FailCall names them.
-var holdableMethods = []string{"CreateGpuInstanceWithPlacement", "CreateGpuInstance", "CreateComputeInstance", "DestroyComputeInstance", "DestroyGpuInstance"}
+// an unprepare makes, and GetMigMode — the one driver call a prepare of a
+// whole GPU of a MIG-capable GPU makes (is MIG mode off?) — named as
+// FailCall names them.
+var holdableMethods = []string{"CreateGpuInstanceWithPlacement", "CreateGpuInstance", "CreateComputeInstance", "DestroyComputeInstance", "DestroyGpuInstance", "GetMigMode"}
 
 // callHold is one armed hold.
 type callHold struct {

@@ -76,4 +76,31 @@ func TestControlHold(t *testing.T) {
 	if out, err := nvmlbackend.QueryControl(ctx, sock, "held CreateComputeInstance"); err != nil || out != "0" {
 		t.Errorf("held after release: %q, %v; want 0", out, err)
 	}
+
+	// GetMigMode (a whole GPU's prepare asks it) parks the same way.
+	if err := nvmlbackend.SendControl(ctx, sock, "hold GetMigMode"); err != nil {
+		t.Fatal(err)
+	}
+	modes := make(chan int, 1)
+	go func() { cur, _, _ := gpu.GetMigMode(); modes <- cur }()
+	for ctx.Err() == nil {
+		if out, err = nvmlbackend.QueryControl(ctx, sock, "held GetMigMode"); err != nil || out == want {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if out != want {
+		t.Fatalf("held GetMigMode: %q, %v; want %q", out, err, want)
+	}
+	select {
+	case <-modes:
+		t.Fatal("the held GetMigMode returned")
+	case <-time.After(100 * time.Millisecond):
+	}
+	if err := nvmlbackend.SendControl(ctx, sock, "release GetMigMode"); err != nil {
+		t.Fatal(err)
+	}
+	if cur := <-modes; cur != 1 {
+		t.Errorf("GetMigMode after the release: current %d, want 1 (enabled)", cur)
+	}
 }

@@ -560,6 +560,7 @@ func (g *GPU) GetAttributes() (nvml.DeviceAttributes, nvml.Return) {
 func (g *GPU) migCapable() bool { return len(g.Product.Profiles) > 0 }
 
 func (g *GPU) GetMigMode() (int, int, nvml.Return) {
+	g.m.park(g, "GetMigMode")
 	defer g.lock()()
 	if ret := g.check(); ret != nvml.SUCCESS {
 		return 0, 0, ret

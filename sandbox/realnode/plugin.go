@@ -265,12 +265,14 @@ func (n *Node) ToolCalls() []string {
 // draplugin tests use; the real node's tests are about the kubelet,
 // containerd and the CDI edits, for which this much of MPS is enough.
 const fakeMPSControl = `#!/bin/sh
+` + toolHoldSh + `
 stdin=""
 if [ "$1" != "-d" ]; then stdin=$(cat); fi
 printf '%s\n' "nvidia-cuda-mps-control $* | visible=$CUDA_VISIBLE_DEVICES pipe=$CUDA_MPS_PIPE_DIRECTORY | stdin=$(printf '%s' "$stdin" | tr '\n' ';') | limits=mem:$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT,threads:$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" >> "$FAKE_TOOLS_LOG"
 dir="$CUDA_MPS_PIPE_DIRECTORY"
 pipe="$dir/control"
 if [ "$1" = "-d" ]; then
+  tool_hold ` + HoldMPSDaemonStart + ` "$dir"
   if [ -p "$pipe" ]; then echo "An instance of this daemon is already running" >&2; exit 1; fi
   mkdir -p "$dir" && rm -f "$dir"/limit.* && mkfifo "$pipe"
   exit $?
@@ -291,7 +293,9 @@ done
 `
 
 const fakeSMI = `#!/bin/sh
+` + toolHoldSh + `
 printf '%s\n' "nvidia-smi $*" >> "$FAKE_TOOLS_LOG"
+if [ "$1" = "compute-policy" ]; then tool_hold ` + HoldSMIComputePolicy + ` "$*"; fi
 `
 
 func (n *Node) writeFakeTools() error { return WriteFakeTools(n.path("fakebin")) }

@@ -288,7 +288,8 @@ func buildReport(e *env, cfg config, gen *loadGen, tr *tracker, chk *checker, in
 		PodsCreated: gen.podsCreated.Load(), QuotaEdits: gen.quotaEdits.Load(),
 		Faults: map[string]int{}, Recovery: map[string]string{}, Landed: map[string]string{}, Invariants: counts, Checks: checks, Violations: details,
 		Proxy: map[string]int64{"429": e.proxy.tooMany.Load(), "500": e.proxy.internal.Load(), "409": e.proxy.conflict.Load(),
-			"slow": e.proxy.slow.Load(), "watches dropped": e.proxy.droppedWatches.Load()},
+			"slow": e.proxy.slow.Load(), "watches dropped": e.proxy.droppedWatches.Load(),
+			"applied, answered 500": e.proxy.applied500.Load(), "applied, cut": e.proxy.appliedCut.Load()},
 		Periods: map[string]string{"gang partly bound": cfg.period.String(), "checkpoint/kubelet grace": cfg.grace.String(),
 			"queue limit change grace": cfg.limitGrace.String(), "check every": cfg.checkEvery.String()},
 	}

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -27,16 +28,20 @@ const (
 	faultLeaderKill      = "kill -9 of the leading scheduler (mid-commit)"
 	faultAPIServer       = "kube-apiserver restart (kill -9)"
 	faultEtcd            = "etcd restart (kill -9)"
-	faultNodeKillPrepare = "kill -9 of tessera-node mid-prepare"
+	faultNodeKillPrepare = "kill -9 of tessera-node mid-prepare (MIG)"
+	faultKillPrepWhole   = "kill -9 of tessera-node mid-prepare (whole GPU)"
+	faultKillPrepMPS     = "kill -9 of tessera-node mid-prepare (MPS share)"
+	faultKillPrepTS      = "kill -9 of tessera-node mid-prepare (time-sliced GPU)"
 	faultNodeKillUnprep  = "kill -9 of tessera-node mid-unprepare"
 	faultKubelet         = "kubelet restart (plugin re-registration)"
 	faultNodeDelete      = "node deleted with running pods"
 	faultGPULost         = "GPU lost and back"
 	faultAPIProxy        = "API errors and latency (proxy: 429, 500, 409, slow, dropped watches)"
+	faultAPIApplied      = "API writes applied but answered 500 or cut (proxy)"
 )
 
-var faultKinds = []string{faultLeaderKill, faultAPIServer, faultEtcd, faultNodeKillPrepare, faultNodeKillUnprep,
-	faultKubelet, faultNodeDelete, faultGPULost, faultAPIProxy}
+var faultKinds = []string{faultLeaderKill, faultAPIServer, faultEtcd, faultNodeKillPrepare, faultKillPrepWhole, faultKillPrepMPS, faultKillPrepTS, faultNodeKillUnprep,
+	faultKubelet, faultNodeDelete, faultGPULost, faultAPIProxy, faultAPIApplied}
 
 // faultRecord is one injected fault.
 type faultRecord struct {
@@ -122,6 +127,8 @@ func (in *injector) inject(ctx context.Context, kind string, rec *faultRecord) e
 		return in.killNodeAt(ctx, rec, true)
 	case faultNodeKillUnprep:
 		return in.killNodeAt(ctx, rec, false)
+	case faultKillPrepWhole, faultKillPrepMPS, faultKillPrepTS:
+		return in.killMidPrepare(ctx, rec, kind)
 	case faultKubelet:
 		n := in.pickNode(false)
 		rec.Target = n.name
@@ -155,6 +162,15 @@ func (in *injector) inject(ctx context.Context, kind string, rec *faultRecord) e
 		rec.Note = fmt.Sprintf("429: %d, 500: %d, 409: %d, slow: %d, watches dropped: %d",
 			in.e.proxy.tooMany.Load()-before[0], in.e.proxy.internal.Load()-before[1], in.e.proxy.conflict.Load()-before[2],
 			in.e.proxy.slow.Load()-before[3], in.e.proxy.droppedWatches.Load()-before[4])
+		return nil
+	case faultAPIApplied:
+		rec.Target = "proxy"
+		before := [2]int64{in.e.proxy.applied500.Load(), in.e.proxy.appliedCut.Load()}
+		in.e.proxy.applied.Store(true)
+		time.Sleep(in.between(15*time.Second, 30*time.Second))
+		in.e.proxy.applied.Store(false)
+		rec.Note = fmt.Sprintf("writes applied, answered 500: %d, applied, cut before the answer: %d",
+			in.e.proxy.applied500.Load()-before[0], in.e.proxy.appliedCut.Load()-before[1])
 		return nil
 	}
 	return fmt.Errorf("unknown fault %q", kind)
@@ -248,51 +264,73 @@ func (in *injector) pickNode(withPods bool) *chaosNode {
 // (CreateGpuInstanceWithPlacement, the prepare's first side effect, after
 // PrepareStarted is checkpointed) or compute instance destroy
 // (DestroyComputeInstance, the unprepare's first) at the call's entry, and
-// the process is killed while the call is parked. It waits up to 30 s for
-// such a call; the kill is counted as landed when a call was parked and the
-// checkpoint shows the claim in the state the crash is meant to hit
-// (PrepareStarted; still PrepareCompleted, for an unprepare). tessera-node
-// starts again after 1–3 s on the same directories (the hold dies with the
-// process).
+// the process is killed while the call is parked. The hold is armed on
+// every MIG node and the first node where a call parks (within 30 s) is
+// killed; the others are released. The kill is counted as landed when a
+// call was parked and the checkpoint shows the claim in the state the crash
+// is meant to hit (PrepareStarted; still PrepareCompleted, for an
+// unprepare). tessera-node starts again after 1–3 s on the same directories
+// (the hold dies with the process).
 func (in *injector) killNodeAt(ctx context.Context, rec *faultRecord, prepare bool) error {
-	n := in.pickMIGNode()
+	method, want := "DestroyComputeInstance", checkpoint.PrepareCompleted
+	if prepare {
+		method, want = "CreateGpuInstanceWithPlacement", checkpoint.PrepareStarted
+	}
+	candidates := in.nodesOf(modeMIG)
+	var errs []error
+	for _, c := range candidates {
+		if err := nvmlbackend.SendControl(ctx, c.controlSocket(), "hold "+method); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", c.name, err))
+		}
+	}
+	var n *chaosNode
+	var gpus []string
+	for deadline := time.Now().Add(30 * time.Second); n == nil && len(errs) == 0 && time.Now().Before(deadline); {
+		for _, c := range candidates {
+			out, err := nvmlbackend.QueryControl(ctx, c.controlSocket(), "held "+method)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", c.name, err))
+				break
+			}
+			if out != "0" {
+				n, gpus = c, strings.Fields(out)[1:]
+				break
+			}
+		}
+		if n == nil {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	if n == nil {
+		n = in.pickMIGNode()
+	}
 	rec.Target = n.name
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	in.c.nodeFault(n.name, true)
 	defer in.c.nodeFault(n.name, false)
-	method, want := "DestroyComputeInstance", checkpoint.PrepareCompleted
-	if prepare {
-		method, want = "CreateGpuInstanceWithPlacement", checkpoint.PrepareStarted
-	}
 	landed := false
-	err := nvmlbackend.SendControl(ctx, n.controlSocket(), "hold "+method)
-	if err == nil {
-		deadline := time.Now().Add(30 * time.Second)
-		for time.Now().Before(deadline) {
-			out, qerr := nvmlbackend.QueryControl(ctx, n.controlSocket(), "held "+method)
-			if qerr != nil {
-				err = qerr
-				break
-			}
-			if out != "0" {
-				// Parked: the state is what it will be at the kill.
-				gpus := strings.Fields(out)[1:]
-				inState := claimsAt(n.checkpointPath(), gpus, want, !prepare)
-				landed = inState > 0
-				rec.Note = fmt.Sprintf("killed with %s parked on GPU %s; checkpoint: %d claim(s) with a MIG device there %s, instance created %v",
-					method, strings.Join(gpus, " "), inState, want, !prepare)
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+	if gpus != nil {
+		// Parked: the state is what it will be at the kill.
+		inState := claimsAt(n.checkpointPath(), gpus, want, !prepare)
+		landed = inState > 0
+		rec.Note = fmt.Sprintf("killed with %s parked on GPU %s; checkpoint: %d claim(s) with a MIG device there %s, instance created %v",
+			method, strings.Join(gpus, " "), inState, want, !prepare)
 	}
 	n.killPlugin()
+	for _, c := range candidates {
+		if c == n {
+			continue
+		}
+		if err := nvmlbackend.SendControl(ctx, c.controlSocket(), "release "+method); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", c.name, err))
+		}
+	}
 	rec.Landed = &landed
 	if rec.Note == "" {
-		rec.Note = fmt.Sprintf("no %s within 30s: killed anyway", method)
+		rec.Note = fmt.Sprintf("no %s within 30s on %d MIG nodes: killed anyway", method, len(candidates))
 	}
-	if err != nil {
+	if err := errors.Join(errs...); err != nil {
 		rec.Note += fmt.Sprintf(" (control socket: %v)", err)
 	}
 	time.Sleep(in.between(time.Second, 3*time.Second))

@@ -35,11 +35,12 @@ const (
 	invCheckpointNoClaim   = "checkpoint entry without a claim"
 	invPreparedNotInCkpt   = "claim prepared (kubelet) but missing from the checkpoint"
 	invMIGOrphan           = "MIG instance tessera created that no claim owns"
+	invRunningPodClaimFree = "running pod's claim not allocated and reserved for it"
 	invDrainLeftover       = "left after the drain (pods, claims, checkpoint entries)"
 )
 
 var invariants = []string{invDeviceOverCapacity, invQueueOverLimit, invGangPartlyBound, invPreparedOnWrongNode,
-	invDeletedPodPrepared, invCheckpointNoClaim, invPreparedNotInCkpt, invMIGOrphan, invDrainLeftover}
+	invDeletedPodPrepared, invCheckpointNoClaim, invPreparedNotInCkpt, invMIGOrphan, invRunningPodClaimFree, invDrainLeftover}
 
 // checker evaluates the invariants every few seconds from consistent lists
 // of the API server (direct, not through the fault proxy) and the nodes'
@@ -68,6 +69,9 @@ type checker struct {
 	// settled is when each node last came back from a fault; a node in a
 	// fault now is absent from it (its files are not checked).
 	settled map[string]time.Time
+	// running: the pods running (not ending, not being deleted) in the
+	// previous check's pod list.
+	running map[types.UID]bool
 }
 
 func newChecker(e *env, l *loadGen, tr *tracker) *checker {
@@ -162,6 +166,7 @@ func (c *checker) check(ctx context.Context) error {
 	c.checkQueues(slices.Items, claims.Items, pods.Items, queues.Items)
 	c.checkGangs(pods.Items, seen)
 	c.checkNodes(claims.Items, pods.Items, seen)
+	c.checkRunningPods(claims.Items, pods.Items)
 	c.mu.Lock()
 	for k := range c.since {
 		if !seen[k] {
@@ -174,6 +179,54 @@ func (c *checker) check(ctx context.Context) error {
 }
 
 type devKey struct{ pool, device string }
+
+// checkRunningPods: a pod that runs holds its claims — each allocated and
+// reserved for it — or their devices are free for another claim while the
+// pod uses them. Exact without a grace: the claims are listed before the
+// pods, and a pod that runs (not ended, not being deleted) in the previous
+// check and in this one ran when the claims were listed (a pod's phase
+// does not go back, a deletion is not withdrawn), so its claims were
+// reserved for it then.
+func (c *checker) checkRunningPods(claims []resourceapi.ResourceClaim, pods []v1.Pod) {
+	byName := map[string]*resourceapi.ResourceClaim{}
+	for i := range claims {
+		byName[claims[i].Name] = &claims[i]
+	}
+	running := map[types.UID]bool{}
+	for i := range pods {
+		p := &pods[i]
+		if p.Status.Phase != v1.PodRunning || p.DeletionTimestamp != nil {
+			continue
+		}
+		running[p.UID] = true
+		if !c.running[p.UID] {
+			continue
+		}
+		for _, st := range p.Status.ResourceClaimStatuses {
+			if st.ResourceClaimName == nil {
+				continue
+			}
+			cl := byName[*st.ResourceClaimName]
+			reserved := false
+			if cl != nil && cl.Status.Allocation != nil {
+				for _, r := range cl.Status.ReservedFor {
+					reserved = reserved || r.UID == p.UID
+				}
+			}
+			if !reserved {
+				what := "gone"
+				if cl != nil {
+					what = fmt.Sprintf("allocated %v, reserved for %v", cl.Status.Allocation != nil, cl.Status.ReservedFor)
+				}
+				c.violate(invRunningPodClaimFree, string(p.UID)+"/"+*st.ResourceClaimName,
+					fmt.Sprintf("pod %s runs on %s, its claim %s is %s", p.Name, p.Spec.NodeName, *st.ResourceClaimName, what))
+			}
+		}
+	}
+	c.mu.Lock()
+	c.running = running
+	c.mu.Unlock()
+}
 
 // checkDevices: no device is held exclusively by two claims, or exclusively
 // by one while shared by another; the shares of a device stay within its

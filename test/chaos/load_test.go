@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"sort"
@@ -14,12 +15,14 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/contract"
 	"github.com/tessera-gpu/tessera/controlplane/api/v1alpha1"
+	configapi "github.com/tessera-gpu/tessera/draplugin/api/v1alpha1"
 	"github.com/tessera-gpu/tessera/sandbox/simkubelet"
 )
 
@@ -47,6 +50,8 @@ var shapes = []shape{
 	{"whole-8", "whole-1", 8, 2},
 	{"whole-16", "whole-1", 16, 1},
 	{"whole-2x2", "whole-2", 2, 1},
+	{"whole-ts-1", "whole-ts", 1, 2},
+	{"whole-ts-2", "whole-ts", 2, 1},
 	{"mig-1g", "mig-1g", 1, 4},
 	{"mig-1g-4", "mig-1g", 4, 2},
 	{"mig-2g-2", "mig-2g", 2, 2},
@@ -70,15 +75,25 @@ func templates() []*resourceapi.ResourceClaimTemplate {
 	mig := func(p string) string {
 		return fmt.Sprintf(`device.attributes[%q].%s.startsWith(%q)`, contract.DriverName, contract.AttrProfile, p)
 	}
-	tpl := func(name string, r resourceapi.DeviceRequest) *resourceapi.ResourceClaimTemplate {
+	tpl := func(name string, r resourceapi.DeviceRequest, config ...resourceapi.DeviceClaimConfiguration) *resourceapi.ResourceClaimTemplate {
 		return &resourceapi.ResourceClaimTemplate{
 			ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
-			Spec:       resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{r}}}},
+			Spec:       resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{r}, Config: config}}},
 		}
 	}
+	// A whole GPU time-sliced (its prepare sets the GPU's time slice with
+	// nvidia-smi compute-policy).
+	timeSliced, _ := json.Marshal(&configapi.GpuConfig{
+		TypeMeta: metav1.TypeMeta{APIVersion: configapi.SchemeGroupVersion.String(), Kind: configapi.GpuConfigKind},
+		Sharing:  &configapi.GpuSharing{Strategy: configapi.TimeSlicingStrategy, TimeSlicing: &configapi.TimeSlicingConfig{Interval: configapi.LongTimeSlice}},
+	})
+	timeSlicing := resourceapi.DeviceClaimConfiguration{Requests: []string{"gpu"}, DeviceConfiguration: resourceapi.DeviceConfiguration{
+		Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: contract.DriverName, Parameters: runtime.RawExtension{Raw: timeSliced}},
+	}}
 	return []*resourceapi.ResourceClaimTemplate{
 		tpl("whole-1", exactly(contract.ClassGPU, 1, "", nil)),
 		tpl("whole-2", exactly(contract.ClassGPU, 2, "", nil)),
+		tpl("whole-ts", exactly(contract.ClassGPU, 1, "", nil), timeSlicing),
 		tpl("mig-1g", exactly(contract.ClassMIG, 1, mig("1g."), nil)),
 		tpl("mig-2g", exactly(contract.ClassMIG, 1, mig("2g."), nil)),
 		tpl("mig-3g", exactly(contract.ClassMIG, 1, mig("3g."), nil)),

@@ -74,6 +74,9 @@ func (n *chaosNode) checkpointPath() string {
 func (n *chaosNode) kubeletState() string  { return n.path("kubelet-state.json") }
 func (n *chaosNode) controlSocket() string { return n.path("nvml.sock") }
 
+// holdDir holds the fake tools' holds (realnode.HoldTool).
+func (n *chaosNode) holdDir() string { return n.path("holds") }
+
 // newDir gives the node a fresh root directory (a new machine).
 func (n *chaosNode) newDir() error {
 	n.dmu.Lock()
@@ -161,7 +164,7 @@ func (n *chaosNode) startPlugin(ctx context.Context) error {
 	}
 	cmd := exec.Command(n.env.bin.node, args...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.Env = append(os.Environ(), "PATH="+n.path("fakebin")+":"+os.Getenv("PATH"), "FAKE_TOOLS_LOG="+n.path("logs", "tools.log"))
+	cmd.Env = append(os.Environ(), "PATH="+n.path("fakebin")+":"+os.Getenv("PATH"), "FAKE_TOOLS_LOG="+n.path("logs", "tools.log"), "FAKE_TOOLS_HOLD_DIR="+n.holdDir())
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		_ = logFile.Close()

@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
 	"path/filepath"
@@ -28,9 +29,16 @@ import (
 // share of requests itself — 429 Too Many Requests with Retry-After, 500,
 // 409 Conflict (updates only) — delays others, and cuts watches after a few
 // seconds, as an overloaded or restarting API server (or a load balancer in
-// front of it) does. Injected errors are answered before the request reaches
-// the API server, so nothing is half-applied: the clients see exactly the
-// error responses they must handle.
+// front of it) does. Those errors are answered before the request reaches
+// the API server: nothing of the request is applied.
+//
+// While an "applied" window is open it does what a real API server behind a
+// load balancer does when the answer is lost on the way back: a share of
+// writes (create, update, patch, delete) is forwarded and applied, and the
+// client gets a 500 instead of the answer, or the connection (the HTTP/2
+// stream) is cut before any answer. The client cannot tell an applied write
+// from one that never arrived; the counts are of writes the API server
+// answered with success.
 type faultProxy struct {
 	srv     *http.Server
 	ln      net.Listener
@@ -40,11 +48,15 @@ type faultProxy struct {
 	mu  sync.Mutex
 	rng *rand.Rand
 	on  atomic.Bool
+	// applied: the applied-but-answered-500 window is open.
+	applied atomic.Bool
 	// watches are the watches being served, to cut when a window opens.
 	watches map[*http.Request]context.CancelFunc
 
 	// Counts per injected kind.
 	tooMany, internal, conflict, slow, droppedWatches atomic.Int64
+	// Writes applied whose answer was replaced by a 500 or cut.
+	applied500, appliedCut atomic.Int64
 }
 
 func startProxy(upstream *rest.Config, certDir string, seed uint64) (*faultProxy, error) {
@@ -126,6 +138,12 @@ func (p *faultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.serveWatch(w, r)
 		return
 	}
+	if p.applied.Load() && isWrite(r.Method) {
+		if x, y := p.roll(); x < 0.3 {
+			p.serveApplied(w, r, y < 0.5)
+			return
+		}
+	}
 	if !p.on.Load() {
 		p.backend.ServeHTTP(w, r)
 		return
@@ -154,6 +172,40 @@ func (p *faultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		p.backend.ServeHTTP(w, r)
 	}
+}
+
+func isWrite(method string) bool {
+	switch method {
+	case http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete:
+		return true
+	}
+	return false
+}
+
+// serveApplied forwards a write to the API server and, if the API server
+// applied it (a 2xx answer), throws the answer away: the client gets a 500
+// (answer500) or its stream is cut with no answer at all. A write the API
+// server refused is answered as it is.
+func (p *faultProxy) serveApplied(w http.ResponseWriter, r *http.Request, answer500 bool) {
+	rec := httptest.NewRecorder()
+	p.backend.ServeHTTP(rec, r)
+	if rec.Code < 200 || rec.Code > 299 {
+		for k, v := range rec.Header() {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(rec.Code)
+		_, _ = w.Write(rec.Body.Bytes())
+		return
+	}
+	if answer500 {
+		p.applied500.Add(1)
+		status(w, http.StatusInternalServerError, "InternalError", "chaos proxy: the write was applied, but this answer replaces the API server's")
+		return
+	}
+	p.appliedCut.Add(1)
+	// The server resets the stream (HTTP/2) or closes the connection
+	// (HTTP/1.1) without writing a response.
+	panic(http.ErrAbortHandler)
 }
 
 func status(w http.ResponseWriter, code int, reason, message string) {
