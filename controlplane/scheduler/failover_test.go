@@ -31,12 +31,17 @@ func TestCrashMidCommitIsRolledBack(t *testing.T) {
 	q := e.addQueue("q", "", "", "", 1)
 	pods := e.gang("g", q, 16, gpuClaim)
 
+	// The hook runs before the sixth write, while the fifth may still be in flight: it holds
+	// the commit there until the five writes are seen in the API and the scheduler is being
+	// stopped (stopping at once cancelled the fifth write now and then: 4 claims, not 5).
 	var crashed atomic.Bool
+	release := make(chan struct{})
 	opts := defaultOptions()
 	opts.Parallelism = 1 // claim writes one at a time: exactly 5 reach the API
 	opts.Hooks.BeforeClaimWrite = func(n int) error {
 		if n == 5 {
 			crashed.Store(true)
+			<-release
 			return errors.New("killed")
 		}
 		return nil
@@ -47,7 +52,16 @@ func TestCrashMidCommitIsRolledBack(t *testing.T) {
 	}); err != nil {
 		t.Fatal("the commit never reached the crash point")
 	}
-	stop()
+	if err := wait.PollUntilContextTimeout(e.ctx, 50*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		return len(e.halfCommitted()) >= 5, nil
+	}); err != nil {
+		t.Fatalf("%d claims allocated for unbound pods before the crash, want 5", len(e.halfCommitted()))
+	}
+	stopped := make(chan struct{})
+	go func() { stop(); close(stopped) }()
+	time.Sleep(100 * time.Millisecond) // the scheduler's context is cancelled: no new cycle starts
+	close(release)
+	<-stopped
 
 	if n := e.boundCount(pods); n != 0 {
 		t.Fatalf("%d pods bound by the crashed commit", n)
