@@ -178,28 +178,7 @@ func createNode(ctx context.Context, kube kubernetes.Interface, i, perPool int) 
 	if i >= perPool {
 		pool = "stock"
 	}
-	name := fmt.Sprintf("bench-%s-%04d", pool, i%perPool)
-	node := fixture.Node(name, map[string]string{"bench-pool": pool, "kubernetes.io/hostname": name})
-	node.UID = ""
-	created, err := kube.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
-	if err != nil {
-		return err
-	}
-	created.Spec.Taints = nil // TaintNodesByCondition: no kubelet will clear not-ready
-	if created, err = kube.CoreV1().Nodes().Update(ctx, created, metav1.UpdateOptions{}); err != nil {
-		return err
-	}
-	created.Status = node.Status
-	if _, err := kube.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
-		return err
-	}
-	for _, s := range fixture.WholeGPUSlices(name, 8) {
-		s.UID = ""
-		if _, err := kube.ResourceV1().ResourceSlices().Create(ctx, s, metav1.CreateOptions{}); err != nil {
-			return err
-		}
-	}
-	return nil
+	return createPoolNode(ctx, kube, fmt.Sprintf("bench-%s-%04d", pool, i%perPool), pool)
 }
 
 func createPod(ctx context.Context, kube kubernetes.Interface, ns string, i int, pool string, annotations map[string]string) error {
@@ -421,7 +400,7 @@ func createPoolNode(ctx context.Context, kube kubernetes.Interface, name, pool s
 	if err != nil {
 		return err
 	}
-	created.Spec.Taints = nil
+	created.Spec.Taints = nil // TaintNodesByCondition: no kubelet will clear not-ready
 	if created, err = kube.CoreV1().Nodes().Update(ctx, created, metav1.UpdateOptions{}); err != nil {
 		return err
 	}
