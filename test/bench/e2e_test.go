@@ -48,17 +48,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 	if b.N > 1 {
 		b.Skip("one run is the measurement; use -benchtime=1x")
 	}
-	logger := klog.Background()
-	ctx := klog.NewContext(context.Background(), logger)
-	cp := framework.Shared(b)
-	cfg := rest.CopyConfig(cp.Config)
-	cfg.QPS, cfg.Burst = 1000, 2000
-	kube := kubernetes.NewForConfigOrDie(cfg)
-	sc, err := client.NewForConfig(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	installCRDs(ctx, b, cfg, kube, sc)
+	ctx, cp, cfg, kube, sc := benchCluster(b)
 	nodes, pods := *e2eNodes, *e2eNodes*8
 
 	start := time.Now()
@@ -286,6 +276,22 @@ func checkAllocated(ctx context.Context, b *testing.B, kube kubernetes.Interface
 	}
 }
 
+// benchCluster is the shared control plane with tessera's CRDs installed, and clients whose
+// QPS is high enough that the API server, not client-side throttling, is the limit.
+func benchCluster(b *testing.B) (context.Context, *framework.ControlPlane, *rest.Config, kubernetes.Interface, *client.Client) {
+	ctx := klog.NewContext(context.Background(), klog.Background())
+	cp := framework.Shared(b)
+	cfg := rest.CopyConfig(cp.Config)
+	cfg.QPS, cfg.Burst = 1000, 2000
+	kube := kubernetes.NewForConfigOrDie(cfg)
+	sc, err := client.NewForConfig(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	installCRDs(ctx, b, cfg, kube, sc)
+	return ctx, cp, cfg, kube, sc
+}
+
 func installCRDs(ctx context.Context, b *testing.B, cfg *rest.Config, kube kubernetes.Interface, sc *client.Client) {
 	b.Helper()
 	root, err := framework.RepoRoot()
@@ -333,17 +339,7 @@ var (
 // (unfit-retry=off: searched whenever decide's backoff asks). Sub-benchmarks alternate with
 // -count. Run with -benchtime=1x.
 func BenchmarkWaitingGang(b *testing.B) {
-	logger := klog.Background()
-	ctx := klog.NewContext(context.Background(), logger)
-	cp := framework.Shared(b)
-	cfg := rest.CopyConfig(cp.Config)
-	cfg.QPS, cfg.Burst = 1000, 2000
-	kube := kubernetes.NewForConfigOrDie(cfg)
-	sc, err := client.NewForConfig(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	installCRDs(ctx, b, cfg, kube, sc)
+	ctx, cp, cfg, kube, sc := benchCluster(b)
 	pool := framework.UniqueName("wait")
 	nodes := *waitNodes
 	parallel(b, nodes, func(i int) error { return createPoolNode(ctx, kube, fmt.Sprintf("%s-%03d", pool, i), pool) })
