@@ -185,7 +185,14 @@ func waitLeader(t *testing.T, replicas []*scheduler.Scheduler, not int) int {
 }
 
 // TestStockSchedulerInterop runs the kube-scheduler (DRA on) next to tessera on the same
-// nodes: pods of both ask for whole GPUs; neither hands out a device the other allocated.
+// node: each allocates whole GPUs around the devices the other has allocated, and each leaves
+// a pod waiting once the node is full.
+//
+// The two take turns. Two schedulers deciding at the same instant can pick the same free device
+// for different claims, since neither sees the other's in-flight decision (docs/scheduler.md,
+// "Living with the stock kube-scheduler"; the kubelet plugin's exclusive-device guard refuses
+// the second prepare). An earlier version of this test started both at once and asserted no
+// device was shared; it failed on exactly that race under load.
 func TestStockSchedulerInterop(t *testing.T) {
 	e := newEnv(t)
 	e.addNode("a", 8, false, nil)
@@ -193,9 +200,8 @@ func TestStockSchedulerInterop(t *testing.T) {
 	e.startKubeScheduler()
 	e.startScheduler(defaultOptions())
 
-	var stock []*v1.Pod
-	for i := 0; i < 4; i++ {
-		c := fixture.GPUClaim(e.ns, fmt.Sprintf("stock-%d", i), 1)
+	stockPod := func(name string) *v1.Pod {
+		c := fixture.GPUClaim(e.ns, name, 1)
 		c.UID = ""
 		if _, err := e.kube.ResourceV1().ResourceClaims(e.ns).Create(e.ctx, c, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -207,14 +213,45 @@ func TestStockSchedulerInterop(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		stock = append(stock, created)
+		return created
 	}
-	tessera := e.gang("g", q, 4, gpuClaim)
+
+	// The kube-scheduler first: 3 of the 8 GPUs.
+	var stock []*v1.Pod
+	for i := 0; i < 3; i++ {
+		stock = append(stock, stockPod(fmt.Sprintf("stock-%d", i)))
+	}
 	e.waitBound(stock, 60*time.Second)
+	e.checkClaims()
+
+	// Tessera's gang of 5 takes the 5 the kube-scheduler left free.
+	tessera := e.gang("g", q, 5, gpuClaim)
 	e.waitBound(tessera, 60*time.Second)
 	e.checkClaims()
 
-	// The node is full: one more pod of each scheduler waits.
+	// The node is full. The kube-scheduler sees tessera's allocations: its pod is
+	// unschedulable, not placed on a device tessera holds.
+	late := stockPod("stock-late")
+	err := wait.PollUntilContextTimeout(e.ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+		p, err := e.kube.CoreV1().Pods(e.ns).Get(ctx, late.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		if p.Spec.NodeName != "" {
+			return false, fmt.Errorf("kube-scheduler bound %s to %s on a full node", p.Name, p.Spec.NodeName)
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == v1.PodScheduled && c.Status == v1.ConditionFalse && c.Reason == v1.PodReasonUnschedulable {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("the kube-scheduler's pod on the full node: %v", err)
+	}
+
+	// And tessera sees the kube-scheduler's: one more gang waits.
 	extra := e.gang("extra", q, 1, gpuClaim)
 	time.Sleep(2 * time.Second)
 	if e.boundCount(extra) != 0 {
