@@ -44,10 +44,15 @@ type Spec struct {
 	// (a new process, a new mock) sees the same GPUs, as on real hardware.
 	// Empty: random UUIDs, a new machine each time.
 	Serial string
+	// State (mock option state=FILE) keeps the machine's driver state, its
+	// MIG modes and instances, in FILE (Mock.UseStateFile): a tessera-node
+	// restarted on the machine finds the instances its predecessor left,
+	// as the real driver keeps them. Empty: the state dies with the process.
+	State string
 }
 
 // ParseSpec parses "nvml", "nvml:<library path>", "mock:<machine>" or
-// "mock:<machine>?gpus=N&root=DIR&control=SOCKET&serial=NAME" (options in any order,
+// "mock:<machine>?gpus=N&root=DIR&control=SOCKET&serial=NAME&state=FILE" (options in any order,
 // each optional; paths absolute).
 func ParseSpec(spec string) (Spec, error) {
 	switch {
@@ -79,18 +84,21 @@ func ParseSpec(spec string) (Spec, error) {
 					return Spec{}, fmt.Errorf("backend %q: serial must not be empty", spec)
 				}
 				s.Serial = v[len(v)-1]
-			case "root", "control":
+			case "root", "control", "state":
 				p := v[len(v)-1]
 				if !filepath.IsAbs(p) {
 					return Spec{}, fmt.Errorf("backend %q: %s must be an absolute path, got %q", spec, key, p)
 				}
-				if key == "root" {
+				switch key {
+				case "root":
 					s.DriverRoot = p
-				} else {
+				case "control":
 					s.Control = p
+				default:
+					s.State = p
 				}
 			default:
-				return Spec{}, fmt.Errorf("backend %q: unknown option %q (known: gpus, root, control, serial)", spec, key)
+				return Spec{}, fmt.Errorf("backend %q: unknown option %q (known: gpus, root, control, serial, state)", spec, key)
 			}
 		}
 		return s, nil
@@ -117,6 +125,14 @@ func Open(spec string) (nvml.Interface, error) {
 		}
 		if s.Serial != "" {
 			m.setSerial(s.Serial)
+		}
+		if s.State != "" {
+			if s.Serial == "" {
+				return nil, fmt.Errorf("backend %q: state needs serial (the state file names the machine's GPUs by UUID)", spec)
+			}
+			if err := m.UseStateFile(s.State); err != nil {
+				return nil, fmt.Errorf("backend %q: %w", spec, err)
+			}
 		}
 		if s.DriverRoot != "" {
 			if err := m.WriteDriverRoot(s.DriverRoot); err != nil {

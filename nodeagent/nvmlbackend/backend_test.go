@@ -19,6 +19,7 @@ func TestParseSpec(t *testing.T) {
 		"mock:dgxb200?gpus=3":      {Mock: "dgxb200", GPUs: 3},
 		"mock:dgxh100?gpus=2&root=/tmp/r&control=/tmp/c.sock": {Mock: "dgxh100", GPUs: 2, DriverRoot: "/tmp/r", Control: "/tmp/c.sock"},
 		"mock:dgxh100?serial=node-3":                          {Mock: "dgxh100", GPUs: 8, Serial: "node-3"},
+		"mock:dgxh100?serial=node-3&state=/tmp/s.json":        {Mock: "dgxh100", GPUs: 8, Serial: "node-3", State: "/tmp/s.json"},
 	} {
 		got, err := nvmlbackend.ParseSpec(spec)
 		if err != nil || got != want {
@@ -36,6 +37,7 @@ func TestParseSpec(t *testing.T) {
 		"mock:dgxh100?root=r":         "root must be an absolute path",
 		"mock:dgxh100?control=c.sock": "control must be an absolute path",
 		"mock:dgxh100?serial=":        "serial must not be empty",
+		"mock:dgxh100?state=s.json":   "state must be an absolute path",
 	} {
 		if _, err := nvmlbackend.ParseSpec(spec); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("ParseSpec(%q): %v, want an error containing %q", spec, err, want)

@@ -71,6 +71,7 @@ type Mock struct {
 	root      *driverRoot
 	control   []net.Listener       // ServeControl's sockets (tests only)
 	holds     map[string]*callHold // armed holds by method (tests only, hold.go)
+	statePath string               // the driver state's file (UseStateFile, state.go); "" keeps it in memory
 }
 
 var _ nvml.Interface = (*Mock)(nil)
@@ -375,6 +376,7 @@ func (g *GPU) resetLocked() {
 		g.m.capsChangedLocked(g, gi, nil, false)
 	}
 	g.resets++
+	g.m.stateChangedLocked()
 }
 
 // SetLost makes the GPU fall off the bus (ERROR_GPU_IS_LOST everywhere) or
@@ -593,6 +595,7 @@ func (g *GPU) SetMigMode(mode int) (nvml.Return, nvml.Return) {
 		return nvml.ERROR_IN_USE, nvml.ERROR_IN_USE
 	}
 	g.migPending = mode
+	defer g.m.stateChangedLocked()
 	if g.migCurrent == mode {
 		return nvml.SUCCESS, nvml.SUCCESS
 	}
@@ -815,6 +818,7 @@ func (g *GPU) createLocked(p *Profile, pl nvml.GpuInstancePlacement) *GpuInstanc
 	gi := &GpuInstance{gpu: g, ID: giID(pl), Profile: p, Placement: pl, cis: map[uint32]*ComputeInstance{}}
 	g.gis[gi.ID] = gi
 	g.m.capsChangedLocked(g, gi, nil, true)
+	g.m.stateChangedLocked()
 	return gi
 }
 
@@ -1019,6 +1023,7 @@ func (gi *GpuInstance) createCILocked(c computeProfile, pl nvml.ComputeInstanceP
 	ci.mig = newMigDevice(ci)
 	gi.cis[id] = ci
 	gi.gpu.m.capsChangedLocked(gi.gpu, gi, ci, true)
+	gi.gpu.m.stateChangedLocked()
 	return ci
 }
 
@@ -1090,6 +1095,7 @@ func (gi *GpuInstance) Destroy() nvml.Return {
 	gi.gone = true
 	delete(gi.gpu.gis, gi.ID)
 	gi.gpu.m.capsChangedLocked(gi.gpu, gi, nil, false)
+	gi.gpu.m.stateChangedLocked()
 	return nvml.SUCCESS
 }
 
@@ -1121,6 +1127,7 @@ func (ci *ComputeInstance) Destroy() nvml.Return {
 	ci.gone = true
 	delete(ci.gi.cis, ci.ID)
 	ci.gi.gpu.m.capsChangedLocked(ci.gi.gpu, ci.gi, ci, false)
+	ci.gi.gpu.m.stateChangedLocked()
 	return nvml.SUCCESS
 }
 
