@@ -69,6 +69,8 @@ type injector struct {
 
 	mu      sync.Mutex
 	records []*faultRecord
+
+	prepareKills int // killNodeAt(prepare) calls so far (run's goroutine only)
 }
 
 func newInjector(e *env, c *checker, tr *tracker) *injector {
@@ -260,11 +262,15 @@ func (in *injector) pickNode(withPods bool) *chaosNode {
 
 // killNodeAt kills a MIG node's tessera-node with SIGKILL mid-prepare or
 // mid-unprepare, at a crash point in the mock machine (not in tessera): a
-// hold on its control socket parks the first MIG instance create
-// (CreateGpuInstanceWithPlacement, the prepare's first side effect, after
-// PrepareStarted is checkpointed) or compute instance destroy
-// (DestroyComputeInstance, the unprepare's first) at the call's entry, and
-// the process is killed while the call is parked. The hold is armed on
+// hold on its control socket parks, at the call's entry, a prepare's GPU
+// instance create (CreateGpuInstanceWithPlacement, the first side effect,
+// after PrepareStarted is checkpointed) or, on every other prepare kill, its
+// compute instance create (CreateComputeInstance: the GPU instance exists,
+// the checkpoint knows only its placement), or an unprepare's compute
+// instance destroy (DestroyComputeInstance, the unprepare's first), and the
+// process is killed while the call is parked. The machine keeps its
+// instances over the restart (the mock's state file), so the next
+// tessera-node meets what the killed one left. The hold is armed on
 // every MIG node and the first node where a call parks (within 30 s) is
 // killed; the others are released. The kill is counted as landed when a
 // call was parked and the checkpoint shows the claim in the state the crash
@@ -275,6 +281,9 @@ func (in *injector) killNodeAt(ctx context.Context, rec *faultRecord, prepare bo
 	method, want := "DestroyComputeInstance", checkpoint.PrepareCompleted
 	if prepare {
 		method, want = "CreateGpuInstanceWithPlacement", checkpoint.PrepareStarted
+		if in.prepareKills++; in.prepareKills%2 == 0 {
+			method = "CreateComputeInstance"
+		}
 	}
 	candidates := in.nodesOf(modeMIG)
 	var errs []error

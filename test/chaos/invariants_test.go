@@ -566,9 +566,10 @@ func migInstances(ctx context.Context, n *chaosNode) (map[int][]string, error) {
 }
 
 // checkMIG: every MIG instance on the node's GPUs (all created by tessera:
-// the GPUs are in dynamic MIG mode and the mock machine starts without
-// instances) is recorded, created, in the plugin's checkpoint, except for
-// the moment between its creation and the checkpoint's write.
+// the GPUs are in dynamic MIG mode and a new machine has no instances; the
+// machine keeps them over tessera-node restarts) is recorded, created, in
+// the plugin's checkpoint, except for the moment between its creation and
+// the checkpoint's write.
 func (c *checker) checkMIG(n *chaosNode, entries map[types.UID]*checkpoint.Claim, settled time.Time, seen map[string]bool) {
 	owned := map[string]bool{}
 	for _, e := range entries {

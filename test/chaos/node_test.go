@@ -140,7 +140,10 @@ func (n *chaosNode) startPlugin(ctx context.Context) error {
 	n.dmu.Lock()
 	serial := fmt.Sprintf("%s.%d", n.name, n.epoch)
 	n.dmu.Unlock()
-	backend := "mock:dgxh100?gpus=" + strconv.Itoa(gpusPerNode) + "&serial=" + serial + "&root=" + n.path("driver-root") + "&control=" + n.controlSocket()
+	// The state file keeps the machine's MIG modes and instances over
+	// tessera-node restarts, as the driver does: a killed plugin's
+	// successor finds what it left.
+	backend := "mock:dgxh100?gpus=" + strconv.Itoa(gpusPerNode) + "&serial=" + serial + "&root=" + n.path("driver-root") + "&control=" + n.controlSocket() + "&state=" + n.path("driver-state.json")
 	args := []string{
 		"--node-name=" + n.name,
 		"--kubeconfig=" + n.env.proxyKubeconfig,
