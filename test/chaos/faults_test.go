@@ -326,6 +326,7 @@ func (in *injector) killNodeAt(ctx context.Context, rec *faultRecord, prepare bo
 		rec.Note = fmt.Sprintf("killed with %s parked on GPU %s; checkpoint: %d claim(s) with a MIG device there %s, instance created %v",
 			method, strings.Join(gpus, " "), inState, want, !prepare)
 	}
+	before, _ := migInstances(ctx, n)
 	n.killPlugin()
 	for _, c := range candidates {
 		if c == n {
@@ -343,7 +344,23 @@ func (in *injector) killNodeAt(ctx context.Context, rec *faultRecord, prepare bo
 		rec.Note += fmt.Sprintf(" (control socket: %v)", err)
 	}
 	time.Sleep(in.between(time.Second, 3*time.Second))
-	return n.startPlugin(ctx)
+	if err := n.startPlugin(ctx); err != nil {
+		return err
+	}
+	// What the machine kept over the restart, and the new plugin's recovery
+	// left (it rolls back an instance of a prepare cut short).
+	after, _ := migInstances(ctx, n)
+	total, kept := 0, 0
+	for gpu, gis := range before {
+		total += len(gis)
+		for _, gi := range gis {
+			if slices.Contains(after[gpu], gi) {
+				kept++
+			}
+		}
+	}
+	rec.Note += fmt.Sprintf("; MIG instances before the kill %d, still there after the restart %d", total, kept)
+	return nil
 }
 
 // claimsAt counts the checkpoint's claims in state with a MIG device on one
