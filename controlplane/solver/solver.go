@@ -57,6 +57,9 @@ type Config struct {
 	// condition says so. It makes the outcome depend on the machine, so it is generous and
 	// counted (Unschedulable.WallClock). Default 30s; negative disables.
 	WallClockGuard time.Duration
+	// NoRunAhead turns off run-ahead allocation (runahead.go): every pod's devices are then
+	// allocated by an allocator call of its own. For tests and benchmarks.
+	NoRunAhead bool
 }
 
 func (c Config) withDefaults() Config {
@@ -128,6 +131,9 @@ type Result struct {
 	Tries int
 	// Steps is the number of allocator steps the search took.
 	Steps int64
+	// AllocatorCalls is the number of structured-allocator runs the search made, and
+	// RunAhead the pods whose devices came from a run-ahead allocation (runahead.go).
+	AllocatorCalls, RunAhead int
 	// Domain is the topology domain the gang was placed in ("" when none applied).
 	Domain string
 }
@@ -269,6 +275,10 @@ type placed struct {
 	results []resourceapi.AllocationResult
 	// extended is the pod's extended-resource claim on this node and its result.
 	extended *ExtendedClaim
+	// ahead is the run-ahead allocation the results were taken from (nil: a call of their
+	// own), aheadIdx the pod's position in it.
+	ahead    *runAhead
+	aheadIdx int
 }
 
 type nodeGang struct {
@@ -296,6 +306,14 @@ type search struct {
 	failMemo   map[string]struct{}
 	tries      int
 	steps      int64
+	allocCalls int
+	// ahead is the latest run-ahead allocation (runahead.go); aheadUsed counts its uses.
+	ahead     *runAhead
+	aheadUsed int
+	// probing: the placement is preferPlainGPUs' probe, undone at once (no run-ahead).
+	probing bool
+	// claimRefs counts the gang pods that name each claim.
+	claimRefs  map[claimKey]int
 	jointCut   int // joint re-allocations stopped by their step budget
 	bestDepth  int
 	failReason map[string]int // reasons for the pod at bestDepth
@@ -322,6 +340,7 @@ func (s *Solver) newSearch(ctx context.Context, snap *snapshot.Snapshot, session
 		staticOK:   map[[2]int]string{},
 		claims:     map[claimKey]*resourceapi.ResourceClaim{},
 		failMemo:   map[string]struct{}{},
+		claimRefs:  map[claimKey]int{},
 	}
 	keys := relevantLabelKeys(snap, gang)
 	shapeIDs := map[uint64]int{}
@@ -349,6 +368,7 @@ func (s *Solver) newSearch(ctx context.Context, snap *snapshot.Snapshot, session
 		}
 		for _, c := range gp.Claims {
 			st.claims[claimKey{c.Namespace, c.Name}] = c
+			st.claimRefs[claimKey{c.Namespace, c.Name}]++
 		}
 		sig := s.podSignature(gp, keys, requests)
 		id, ok := shapeIDs[sig]
@@ -606,7 +626,9 @@ func (st *search) preferPlainGPUs() (bool, error) {
 	// failure here is not the gang's.
 	depth, reasons, pod := st.bestDepth, st.failReason, st.failPod
 	pi := st.order[0]
+	st.probing = true
 	ok, err := st.tryPlace(pi, best, 0)
+	st.probing = false
 	if ok {
 		st.undo(pi)
 	}
@@ -801,6 +823,16 @@ func (st *search) tryPlace(pi, ni, depth int) (bool, error) {
 		toAllocate = append(toAllocate, ext.Claim)
 	}
 	if len(toAllocate) > 0 {
+		if ext == nil {
+			if ra, j, ok := st.fromAhead(pi, ni); ok {
+				pl.owned, pl.results, pl.ahead, pl.aheadIdx = toAllocateKeys, ra.results[j], ra, j
+				ok, err := st.record(pi, pl)
+				if ok {
+					st.aheadUsed++
+				}
+				return ok, err
+			}
+		}
 		memo := st.memoKey(p.shape, ni)
 		if _, bad := st.failMemo[memo]; bad {
 			return fail("insufficient devices")
@@ -812,6 +844,7 @@ func (st *search) tryPlace(pi, ni, depth int) (bool, error) {
 			}
 		}
 		res, a, err := st.snap.AllocateBounded(st.ctx, node, extra, toAllocate, st.s.cfg.MaxSteps-st.steps)
+		st.allocCalls++
 		st.steps += a.Steps
 		if err != nil {
 			return false, fmt.Errorf("pod %s on node %s: %w", klog.KObj(p.pod), node.Name(), err)
@@ -839,6 +872,11 @@ func (st *search) tryPlace(pi, ni, depth int) (bool, error) {
 			pl.extended = ext
 		}
 		pl.owned, pl.results = toAllocateKeys, res
+		ok, err := st.record(pi, pl)
+		if ok && ext == nil {
+			st.allocateAhead(depth, ni, a.Steps)
+		}
+		return ok, err
 	}
 	return st.record(pi, pl)
 }
@@ -942,6 +980,7 @@ func (st *search) tryJoint(pi, ni int, claims []*resourceapi.ResourceClaim, keys
 	budget := min(st.s.cfg.JointSteps, st.s.cfg.MaxSteps-st.steps)
 	node := st.snap.Nodes[ni]
 	res, a, err := st.snap.AllocateBounded(st.ctx, node, st.sharedResults(ni), all, budget)
+	st.allocCalls++
 	st.steps += a.Steps
 	if err != nil {
 		return false, fmt.Errorf("joint allocation on node %s: %w", node.Name(), err)
@@ -952,6 +991,10 @@ func (st *search) tryJoint(pi, ni int, claims []*resourceapi.ResourceClaim, keys
 	}
 	if res == nil {
 		return false, nil
+	}
+	// The earlier pods' devices change: a run-ahead allocation made on top of them is void.
+	if st.ahead != nil && st.ahead.node == ni {
+		st.ahead = nil
 	}
 	for _, sp := range spans {
 		pl := st.placements[sp.pod]
@@ -1009,6 +1052,7 @@ func (st *search) undo(pi int) {
 	}
 	st.stack = st.stack[:len(st.stack)-1]
 	st.session.Forget()
+	st.dropAheadOver(pl)
 	ng := st.onNode[pl.node]
 	for i, other := range ng.pods {
 		if other == pi {
@@ -1084,7 +1128,7 @@ func (st *search) staticCheck(p *podInfo, ni int) string {
 }
 
 func (st *search) result() *Result {
-	res := &Result{Tries: st.tries, Steps: st.steps}
+	res := &Result{Tries: st.tries, Steps: st.steps, AllocatorCalls: st.allocCalls, RunAhead: st.aheadUsed}
 	allocated := map[claimKey]bool{}
 	for _, pi := range st.order {
 		pl := st.placements[pi]

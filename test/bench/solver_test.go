@@ -133,14 +133,22 @@ func (d devices) String() string {
 	return [...]string{"preselected", "preselected-cold", "all"}[d]
 }
 
-func benchSolve(b *testing.B, nodes, pods int, partitionable bool, topology []string, plugins []string, dev devices) {
+// noRunAhead turns the solver's run-ahead allocation off (a benchSolve option).
+func noRunAhead(c *solver.Config) { c.NoRunAhead = true }
+
+func benchSolve(b *testing.B, nodes, pods int, partitionable bool, topology []string, plugins []string, dev devices, opts ...func(*solver.Config)) {
 	in := cluster(nodes, partitionable)
 	cfg := snapshot.Config{Features: features, AllDevices: dev == all}
 	snap := snapshot.New(in, cfg)
-	s := solver.New(solver.Config{TopologyKeys: topology, Filters: newFilters(b, plugins)})
+	scfg := solver.Config{TopologyKeys: topology, Filters: newFilters(b, plugins)}
+	for _, o := range opts {
+		o(&scfg)
+	}
+	s := solver.New(scfg)
 	g := gang(pods)
 	ctx := context.Background()
 	var lat []time.Duration
+	calls := 0
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -158,8 +166,10 @@ func benchSolve(b *testing.B, nodes, pods int, partitionable bool, topology []st
 		if len(res.Placements) != pods {
 			b.Fatalf("placed %d of %d", len(res.Placements), pods)
 		}
+		calls += res.AllocatorCalls
 	}
 	b.StopTimer()
+	b.ReportMetric(float64(calls)/float64(b.N), "allocator-calls/op")
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	p := func(q float64) float64 {
 		return float64(lat[min(len(lat)-1, int(q*float64(len(lat))))].Microseconds()) / 1000
@@ -189,6 +199,10 @@ func BenchmarkSolve(b *testing.B) {
 			for _, dev := range []devices{preselected, preselectedCold, all} {
 				b.Run(fmt.Sprintf("gang=%d/nodes=1000/partitionable-mig/filters=%s/devices=%s", pods, v.name, dev), func(b *testing.B) { benchSolve(b, 1000, pods, true, nil, v.plugins, dev) })
 			}
+			// The same without run-ahead allocation (one allocator call per pod), in the same run.
+			b.Run(fmt.Sprintf("gang=%d/nodes=1000/partitionable-mig/filters=%s/devices=preselected/runahead=off", pods, v.name), func(b *testing.B) {
+				benchSolve(b, 1000, pods, true, nil, v.plugins, preselected, noRunAhead)
+			})
 		}
 		// 5,000 nodes: the whole-GPU goal, and MIG beside it.
 		b.Run(fmt.Sprintf("gang=64/nodes=5000/whole/filters=%s", v.name), func(b *testing.B) { benchSolve(b, 5000, 64, false, nil, v.plugins, preselected) })
