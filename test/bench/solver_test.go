@@ -200,7 +200,7 @@ func BenchmarkSolve(b *testing.B) {
 				b.Run(fmt.Sprintf("gang=%d/nodes=1000/partitionable-mig/filters=%s/devices=%s", pods, v.name, dev), func(b *testing.B) { benchSolve(b, 1000, pods, true, nil, v.plugins, dev) })
 			}
 			// The same without run-ahead allocation (one allocator call per pod), in the same run.
-			b.Run(fmt.Sprintf("gang=%d/nodes=1000/partitionable-mig/filters=%s/devices=preselected/runahead=off", pods, v.name), func(b *testing.B) {
+			b.Run(fmt.Sprintf("gang=%d/nodes=1000/partitionable-mig/filters=%s/devices=preselected-runahead-off", pods, v.name), func(b *testing.B) {
 				benchSolve(b, 1000, pods, true, nil, v.plugins, preselected, noRunAhead)
 			})
 		}
