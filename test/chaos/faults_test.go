@@ -70,7 +70,8 @@ type injector struct {
 	mu      sync.Mutex
 	records []*faultRecord
 
-	prepareKills int // killNodeAt(prepare) calls so far (run's goroutine only)
+	prepareKills   int // killNodeAt(prepare) calls so far (run's goroutine only)
+	unprepareKills int // mid-unprepare kills so far (run's goroutine only)
 }
 
 func newInjector(e *env, c *checker, tr *tracker) *injector {
@@ -128,6 +129,11 @@ func (in *injector) inject(ctx context.Context, kind string, rec *faultRecord) e
 	case faultNodeKillPrepare:
 		return in.killNodeAt(ctx, rec, true)
 	case faultNodeKillUnprep:
+		// Every other one on a time-sliced claim's unprepare (a whole
+		// GPU's time slice reset), the others on a MIG device's destroy.
+		if in.unprepareKills++; in.unprepareKills%2 == 0 {
+			return in.killMidPrepare(ctx, rec, unprepTimeSliced)
+		}
 		return in.killNodeAt(ctx, rec, false)
 	case faultKillPrepWhole, faultKillPrepMPS, faultKillPrepTS:
 		return in.killMidPrepare(ctx, rec, kind)

@@ -41,6 +41,14 @@ import (
 // the claim mid-prepare: not PrepareCompleted (whole GPU, MPS share, whose
 // prepare writes no intent), PrepareStarted with the time slice not yet set
 // (time-sliced).
+//
+// unprepTimeSliced is the same crash point met from the other side: half of
+// the mid-unprepare kills park the compute-policy call of an unprepare (the
+// reset to the default slice, after the CDI spec was removed and before the
+// checkpoint entry goes); it lands when the checkpoint still has the claim
+// PrepareCompleted, time-slicing the parked GPU.
+const unprepTimeSliced = "unprepare of a time-sliced GPU"
+
 func (in *injector) killMidPrepare(ctx context.Context, rec *faultRecord, kind string) error {
 	// A whole GPU's GetMigMode is held on one whole node (on a MIG node a
 	// MIG prepare asks it too; on every node it would stall each agent's
@@ -72,10 +80,10 @@ func (in *injector) killMidPrepare(ctx context.Context, rec *faultRecord, kind s
 			}
 			return strings.Fields(out)[1:], nil
 		}
-	case faultKillPrepMPS, faultKillPrepTS:
+	case faultKillPrepMPS, faultKillPrepTS, unprepTimeSliced:
 		hold := realnode.HoldMPSDaemonStart
 		what = "nvidia-cuda-mps-control -d"
-		if kind == faultKillPrepTS {
+		if kind != faultKillPrepMPS {
 			hold, what = realnode.HoldSMIComputePolicy, "nvidia-smi compute-policy"
 		}
 		arm = func(n *chaosNode) error { return realnode.HoldTool(n.holdDir(), hold) }
@@ -98,9 +106,11 @@ func (in *injector) killMidPrepare(ctx context.Context, rec *faultRecord, kind s
 				errs = append(errs, fmt.Errorf("%s: %w", n.name, err))
 				break
 			}
-			if kind == faultKillPrepTS && len(c) > 0 && !slices.ContainsFunc(c, settingTimeSlice) {
-				// Only an unprepare's reset to the default slice is parked
-				// here: let it go on and wait for a prepare.
+			if len(c) > 0 && ((kind == faultKillPrepTS && !slices.ContainsFunc(c, settingTimeSlice)) ||
+				(kind == unprepTimeSliced && !slices.ContainsFunc(c, resettingTimeSlice))) {
+				// Only the other side's calls are parked here (an
+				// unprepare's reset while a prepare is wanted, or the
+				// reverse): let them go on and wait.
 				if err := realnode.PassTool(n.holdDir(), realnode.HoldSMIComputePolicy); err != nil {
 					errs = append(errs, fmt.Errorf("%s: %w", n.name, err))
 				}
@@ -132,7 +142,11 @@ func (in *injector) killMidPrepare(ctx context.Context, rec *faultRecord, kind s
 			errs = append(errs, err)
 		}
 		landed = mid > 0
-		rec.Note = fmt.Sprintf("killed with %s parked (%s); checkpoint: %d claim(s) there mid-prepare", what, strings.Join(calls, ", "), mid)
+		phase := "mid-prepare"
+		if kind == unprepTimeSliced {
+			phase = "mid-unprepare (still PrepareCompleted)"
+		}
+		rec.Note = fmt.Sprintf("killed with %s parked (%s); checkpoint: %d claim(s) there %s", what, strings.Join(calls, ", "), mid, phase)
 	}
 	n.killPlugin()
 	for _, c := range candidates {
@@ -157,6 +171,13 @@ func (in *injector) killMidPrepare(ctx context.Context, rec *faultRecord, kind s
 func settingTimeSlice(call string) bool {
 	f := strings.Fields(call)
 	return len(f) > 0 && f[len(f)-1] != strconv.Itoa(int(sharing.TimeSliceDefault))
+}
+
+// resettingTimeSlice: a parked nvidia-smi compute-policy call is an
+// unprepare's reset to the default slice.
+func resettingTimeSlice(call string) bool {
+	f := strings.Fields(call)
+	return len(f) > 0 && f[len(f)-1] == strconv.Itoa(int(sharing.TimeSliceDefault))
 }
 
 // nodesOf returns the nodes of modes.
@@ -193,8 +214,14 @@ func (in *injector) midPrepare(ctx context.Context, n *chaosNode, kind string, c
 				count++
 			}
 		}
-	case faultKillPrepTS:
-		// compute-policy -i <GPU UUID> --set-timeslice <n>
+	case faultKillPrepTS, unprepTimeSliced:
+		// compute-policy -i <GPU UUID> --set-timeslice <n>; a prepare is
+		// mid-way in PrepareStarted, an unprepare while the entry is still
+		// PrepareCompleted.
+		want := checkpoint.PrepareStarted
+		if kind == unprepTimeSliced {
+			want = checkpoint.PrepareCompleted
+		}
 		for _, call := range calls {
 			f := strings.Fields(call)
 			for i := 0; i+1 < len(f); i++ {
@@ -202,7 +229,7 @@ func (in *injector) midPrepare(ctx context.Context, n *chaosNode, kind string, c
 					continue
 				}
 				for _, c := range ck.Data.Claims {
-					if c != nil && c.State == checkpoint.PrepareStarted && timeSlicedOn(c, f[i+1]) {
+					if c != nil && c.State == want && timeSlicedOn(c, f[i+1]) {
 						count++
 					}
 				}
