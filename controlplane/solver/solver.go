@@ -131,8 +131,10 @@ type Result struct {
 	Tries int
 	// Steps is the number of allocator steps the search took.
 	Steps int64
-	// AllocatorCalls is the number of structured-allocator runs the search made, and
-	// RunAhead the pods whose devices came from a run-ahead allocation (runahead.go).
+	// AllocatorCalls counts the search's device checks on a node (Snapshot.AllocateBounded:
+	// own, joint and run-ahead; those the count check answers without running the allocator
+	// included), and RunAhead the pods whose devices came from a run-ahead allocation
+	// (runahead.go).
 	AllocatorCalls, RunAhead int
 	// Domain is the topology domain the gang was placed in ("" when none applied).
 	Domain string
