@@ -251,10 +251,14 @@ type Outcome struct {
 
 // Placement is an admitted gang.
 type Placement struct {
-	Key      string
-	PodGroup *v1alpha1.PodGroup
-	Upstream *schedulingv1beta1.PodGroup
-	Result   *solver.Result
+	Key string
+	// PodGroup is nil when the gang is placed in the cycle that first saw it, before its
+	// PodGroup exists: the commit creates CreatePodGroup (the mapper's) before it writes
+	// anything else, and records the gang's Events on what it created.
+	PodGroup       *v1alpha1.PodGroup
+	CreatePodGroup *v1alpha1.PodGroup
+	Upstream       *schedulingv1beta1.PodGroup
+	Result         *solver.Result
 	// Usage charged to the queue.
 	Usage quota.Usage
 	// AlreadyBound pods of the gang before this placement, and its MinMember: a commit whose
@@ -322,11 +326,14 @@ func Decide(ctx context.Context, cfg Config, in Input, mem *Memory) *Decisions {
 	live := map[string]bool{}
 	for _, g := range in.Gangs {
 		gs := &gangState{Gang: g, pg: g.spec(), pending: g.Pending, bound: g.Bound}
+		if g.PodGroup == nil && g.Desired != nil {
+			// Its PodGroup is created now (by this cycle's commit or writes): it queues as
+			// the youngest, not — with the mapper's object's zero creation time — the oldest.
+			gs.pg = g.Desired.DeepCopy()
+			gs.pg.CreationTimestamp = metav1.NewTime(in.Now)
+		}
 		gangs = append(gangs, gs)
 		live[g.Key] = true
-		if g.Desired != nil && (g.PodGroup == nil || g.PodGroup.Spec.MinMember != g.Desired.Spec.MinMember || g.PodGroup.Spec.Queue != g.Desired.Spec.Queue) {
-			d.PodGroups = append(d.PodGroups, g.Desired)
-		}
 	}
 	sort.Slice(gangs, func(i, j int) bool { return gangs[i].Key < gangs[j].Key })
 	for key := range mem.failures {
@@ -365,15 +372,17 @@ func Decide(ctx context.Context, cfg Config, in Input, mem *Memory) *Decisions {
 			continue
 		}
 		d.Pending++
-		if g.PodGroup == nil {
-			// Placed only once its PodGroup exists (the caller creates it), so that Events
-			// and status have an object to go to.
-			if g.Desired == nil {
-				g.reason, g.message = reasonPodGroupNotFound, fmt.Sprintf("PodGroup %s named by %s does not exist", g.Key, v1alpha1.PodGroupAnnotation)
-				warn(d, mem, g.Key, g.pending[0], reasonPodGroupNotFound, g.message)
-			}
+		if g.PodGroup == nil && g.Desired == nil {
+			// A hand-made PodGroup the pods name must exist: nothing here can create it.
+			g.reason, g.message = reasonPodGroupNotFound, fmt.Sprintf("PodGroup %s named by %s does not exist", g.Key, v1alpha1.PodGroupAnnotation)
+			warn(d, mem, g.Key, g.pending[0], reasonPodGroupNotFound, g.message)
 			continue
 		}
+		// A gang whose mapper-made PodGroup does not exist yet is tried at once — a lone
+		// pod or a gang whose pods all came before its first cycle would otherwise wait a
+		// PodGroup write, its watch event and one more cycle before it is even tried. If it
+		// is placed its commit creates the PodGroup first; if not, fail gives it no backoff
+		// and no Event, and the PodGroup is created by this cycle's writes.
 		if !readyToPlace(cfg, in, snap, tree, g) {
 			continue
 		}
@@ -469,6 +478,10 @@ func Decide(ctx context.Context, cfg Config, in Input, mem *Memory) *Decisions {
 			if len(g.pending) > 0 {
 				d.Pending++ // an elastic gang with pods left waiting
 			}
+		} else if g.PodGroup == nil {
+			// Preemption, reclaim and consolidation record Events and reservations on the
+			// gang's PodGroup: they wait for the next cycle, when it exists.
+			continue
 		} else if g.reason == v1alpha1.ReasonUnschedulable {
 			// Gangs of the same shape get the same message, so that a gang's message does not
 			// depend on whether it or another was searched this cycle.
@@ -511,6 +524,17 @@ func Decide(ctx context.Context, cfg Config, in Input, mem *Memory) *Decisions {
 		}
 	}
 
+	for _, g := range gangs {
+		if g.Desired == nil {
+			continue
+		}
+		if g.PodGroup == nil && g.placed > 0 {
+			continue // its commit creates it (Placement.CreatePodGroup)
+		}
+		if g.PodGroup == nil || g.PodGroup.Spec.MinMember != g.Desired.Spec.MinMember || g.PodGroup.Spec.Queue != g.Desired.Spec.Queue {
+			d.PodGroups = append(d.PodGroups, g.Desired)
+		}
+	}
 	queuePositions(tree, gangs)
 	for _, g := range gangs {
 		d.Outcomes[g.Key] = Outcome{Reason: g.reason, Message: g.message}
@@ -736,12 +760,22 @@ func place(ctx context.Context, cfg Config, in Input, d *Decisions, mem *Memory,
 	g.placed = len(placed)
 	g.reason, g.message = v1alpha1.ReasonScheduled, fmt.Sprintf("%d pods placed on %d nodes", len(res.Placements), countNodes(res))
 	logger.V(2).Info("Gang admitted", "podGroup", g.Key, "pods", len(res.Placements), "gpuUnits", res.GPUUnits, "queue", g.pg.Spec.Queue, "domain", res.Domain, "tries", res.Tries, "steps", res.Steps)
-	return &Placement{Key: g.Key, PodGroup: g.PodGroup, Upstream: g.Upstream, Result: res, Usage: usage, AlreadyBound: already, MinMember: int(g.pg.Spec.MinMember)}
+	pl := &Placement{Key: g.Key, PodGroup: g.PodGroup, Upstream: g.Upstream, Result: res, Usage: usage, AlreadyBound: already, MinMember: int(g.pg.Spec.MinMember)}
+	if g.PodGroup == nil {
+		pl.CreatePodGroup = g.Desired
+	}
+	return pl
 }
 
 // fail records that a gang did not fit: backoff, the reason, and a warning Event when the
 // message is new.
 func fail(cfg Config, d *Decisions, mem *Memory, in Input, g *gangState, reason, msg string) {
+	if g.PodGroup == nil {
+		// Tried before its PodGroup exists: no Event (nothing to attach it to yet) and no
+		// backoff; the next cycle, with the PodGroup created, decides again.
+		g.reason, g.message = reason, msg
+		return
+	}
 	fl := mem.failures[g.Key]
 	backoff := cfg.MinBackoff
 	if fl != nil {

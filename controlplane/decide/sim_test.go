@@ -44,7 +44,10 @@ type sim struct {
 	claims map[string]*resourceapi.ResourceClaim
 	pods   map[string]*v1.Pod
 	pgs    map[string]*v1alpha1.PodGroup
-	queues map[string]*v1alpha1.Queue
+	// desired: the mapper's PodGroups of mapped gangs (mappedGang), by gang key; such a gang's
+	// PodGroup exists (pgs) only once a cycle's writes or commit created it.
+	desired map[string]*v1alpha1.PodGroup
+	queues  map[string]*v1alpha1.Queue
 	// upstream: scheduling.k8s.io PodGroups of gangs, by gang key (optional).
 	upstream map[string]*schedulingv1beta1.PodGroup
 	capGen   uint64
@@ -62,7 +65,7 @@ func newSim(t *testing.T) *sim {
 		Snapshot: snapshot.Config{Features: features, Cache: cache},
 	}
 	return &sim{t: t, ctx: ctx, cfg: cfg, mem: NewMemory(), now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), cache: cache,
-		claims: map[string]*resourceapi.ResourceClaim{}, pods: map[string]*v1.Pod{}, pgs: map[string]*v1alpha1.PodGroup{}, queues: map[string]*v1alpha1.Queue{}}
+		claims: map[string]*resourceapi.ResourceClaim{}, pods: map[string]*v1.Pod{}, pgs: map[string]*v1alpha1.PodGroup{}, desired: map[string]*v1alpha1.PodGroup{}, queues: map[string]*v1alpha1.Queue{}}
 }
 
 func (s *sim) node(name string, gpus int) {
@@ -100,6 +103,34 @@ func (s *sim) gang(name, queue string, n int, gpus int64, mutate ...func(*v1alph
 	}
 }
 
+// mappedGang adds a gang the mapper found (a lone pod, a workload's gang): its PodGroup is
+// the mapper's Desired one and does not exist until a cycle creates it.
+func (s *sim) mappedGang(name, queue string, n int, gpus int64, mutate ...func(*v1alpha1.PodGroup)) {
+	pg := &v1alpha1.PodGroup{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name},
+		Spec:       v1alpha1.PodGroupSpec{MinMember: int32(n), Queue: queue},
+	}
+	for _, m := range mutate {
+		m(pg)
+	}
+	s.desired["ns/"+name] = pg
+	for i := range n {
+		s.pod(name, fmt.Sprintf("%s-%d", name, i), gpus)
+	}
+}
+
+// createPodGroup creates a mapped gang's PodGroup as the API server would.
+func (s *sim) createPodGroup(desired *v1alpha1.PodGroup) {
+	key := desired.Namespace + "/" + desired.Name
+	if s.pgs[key] != nil {
+		s.t.Fatalf("PodGroup %s created twice", key)
+	}
+	pg := desired.DeepCopy()
+	pg.UID, pg.Generation, pg.ResourceVersion = types.UID("pg-"+desired.Name), 1, "1"
+	pg.CreationTimestamp = metav1.NewTime(s.now)
+	s.pgs[key] = pg
+}
+
 func (s *sim) pod(group, name string, gpus int64) {
 	c := fixture.GPUClaim("ns", name, gpus)
 	s.claims["ns/"+c.Name] = c
@@ -130,7 +161,7 @@ func (s *sim) input() Input {
 		key := "ns/" + p.Annotations[v1alpha1.PodGroupAnnotation]
 		g := gangs[key]
 		if g == nil {
-			g = &Gang{Key: key, PodGroup: s.pgs[key], MappedReason: v1alpha1.ReasonManual, Upstream: s.upstream[key]}
+			g = &Gang{Key: key, PodGroup: s.pgs[key], MappedReason: v1alpha1.ReasonManual, Upstream: s.upstream[key], Desired: s.desired[key]}
 			gangs[key] = g
 		}
 		switch {
@@ -161,7 +192,15 @@ func (s *sim) cycle(step time.Duration) *Decisions {
 // apply applies a cycle's decisions; evicted pods are removed only when evict is set (else
 // they are still going away: their pods and claims stay).
 func (s *sim) apply(d *Decisions, evict bool) {
+	for _, pg := range d.PodGroups {
+		if s.pgs[pg.Namespace+"/"+pg.Name] == nil {
+			s.createPodGroup(pg)
+		}
+	}
 	for _, p := range d.Placements {
+		if p.CreatePodGroup != nil {
+			s.createPodGroup(p.CreatePodGroup)
+		}
 		for _, pl := range p.Result.Placements {
 			pod := s.pods["ns/"+pl.Pod.Name].DeepCopy()
 			pod.Spec.NodeName = pl.Node

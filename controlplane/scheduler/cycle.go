@@ -183,6 +183,8 @@ func (s *Scheduler) collectGangs(ctx context.Context, pods []*v1.Pod) []*decide.
 	for key, g := range gangs {
 		if obj, ok, _ := s.pgInf.GetStore().GetByKey(key); ok {
 			g.PodGroup = s.effects.overlayPodGroup(obj.(*v1alpha1.PodGroup))
+		} else {
+			g.PodGroup = s.effects.createdPodGroup(key)
 		}
 		if m := mappings[key]; m.Upstream != "" && s.upstream != nil {
 			ns := key[:len(key)-len(m.Group)-1]

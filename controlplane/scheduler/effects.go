@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -40,6 +42,11 @@ type effects struct {
 	pgOverlay    map[string]*v1alpha1.PodGroup
 	queueOverlay map[string]*v1alpha1.Queue
 	upOverlay    map[string]*schedulingv1beta1.PodGroup
+	// created are the PodGroups commits created (gangs placed before their PodGroup
+	// existed), until the informer shows them or createdTTL passes: the next cycles see the
+	// gang's PodGroup — for its status, and as a victim's Event object — and do not create it
+	// again.
+	created map[string]createdPodGroup
 	// podConds: pod UID → the PodScheduled message last patched.
 	podConds map[types.UID]string
 }
@@ -61,6 +68,7 @@ func (e *effects) reset() {
 	e.pgOverlay = map[string]*v1alpha1.PodGroup{}
 	e.queueOverlay = map[string]*v1alpha1.Queue{}
 	e.upOverlay = map[string]*schedulingv1beta1.PodGroup{}
+	e.created = map[string]createdPodGroup{}
 	e.podConds = map[types.UID]string{}
 }
 
@@ -82,6 +90,7 @@ func (e *effects) overlayPodGroup(pg *v1alpha1.PodGroup) *v1alpha1.PodGroup {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	key := pg.Namespace + "/" + pg.Name
+	delete(e.created, key) // the informer shows it
 	if w, ok := e.pgOverlay[key]; ok {
 		if w.UID == pg.UID && newer(w.ResourceVersion, pg.ResourceVersion) {
 			return w
@@ -101,6 +110,51 @@ func (e *effects) overlayQueue(q *v1alpha1.Queue) *v1alpha1.Queue {
 		delete(e.queueOverlay, q.Name)
 	}
 	return q
+}
+
+// createdTTL bounds how long a PodGroup a commit created stands in for the informer's: a
+// watch delivers it in well under a second; one deleted before its watch event came must
+// not live on.
+const createdTTL = 30 * time.Second
+
+type createdPodGroup struct {
+	pg *v1alpha1.PodGroup
+	at time.Time
+}
+
+// createdPodGroup is the PodGroup a commit created under key that the informer does not show
+// yet; nil if none.
+func (e *effects) createdPodGroup(key string) *v1alpha1.PodGroup {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	c, ok := e.created[key]
+	if !ok {
+		return nil
+	}
+	if e.s.clock.Since(c.at) > createdTTL {
+		delete(e.created, key)
+		return nil
+	}
+	return c.pg
+}
+
+// createPodGroup creates the PodGroup of a gang placed before it existed. One that exists
+// already (created by this cycle's writes of an earlier term, or by hand under the same name)
+// is read back and used.
+func (e *effects) createPodGroup(ctx context.Context, desired *v1alpha1.PodGroup) (*v1alpha1.PodGroup, error) {
+	s := e.s
+	apiWrites.WithLabelValues("podgroup").Inc()
+	pg, err := s.sched.PodGroups(desired.Namespace).Create(ctx, desired.DeepCopy())
+	if apierrors.IsAlreadyExists(err) {
+		pg, err = s.sched.PodGroups(desired.Namespace).Get(ctx, desired.Name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("create PodGroup %s/%s: %w", desired.Namespace, desired.Name, err)
+	}
+	e.mu.Lock()
+	e.created[pg.Namespace+"/"+pg.Name] = createdPodGroup{pg: pg, at: s.clock.Now()}
+	e.mu.Unlock()
+	return pg, nil
 }
 
 func (e *effects) overlayUpstream(pg *schedulingv1beta1.PodGroup) *schedulingv1beta1.PodGroup {
@@ -212,8 +266,8 @@ func (e *effects) apply(ctx context.Context, d *decide.Decisions) {
 		})
 	}
 	for _, ev := range d.Events {
-		if ev.Object == nil {
-			continue
+		if pg, ok := ev.Object.(*v1alpha1.PodGroup); ev.Object == nil || (ok && pg == nil) {
+			continue // a gang without its PodGroup yet: nothing to record it on
 		}
 		apiWrites.WithLabelValues("event").Inc()
 		s.recorder.Event(ev.Object, ev.Type, ev.Reason, ev.Message)
@@ -321,6 +375,26 @@ func (e *effects) commitGang(ctx context.Context, p *decide.Placement) {
 	logger := klog.FromContext(ctx)
 	s := e.s
 	res := p.Result
+	if p.PodGroup == nil && p.CreatePodGroup != nil {
+		// Placed in the cycle that first saw it: its PodGroup first, so that a gang is
+		// never bound without one and its Events have their object. Nothing else is
+		// written yet, so a failure here leaves nothing to undo.
+		pg, err := e.createPodGroup(ctx, p.CreatePodGroup)
+		if err != nil {
+			commitErrors.Inc()
+			logger.Error(err, "Commit failed before any claim was written; requeued", "podGroup", p.Key)
+			e.forget(p, nil)
+			for _, pl := range res.Placements {
+				s.recorder.Eventf(pl.Pod, v1.EventTypeWarning, v1alpha1.ReasonCommitFailed, "gang %s not committed: %v", p.Key, err)
+			}
+			s.mu.Lock()
+			s.memory.CommitFailed(p.Key, err.Error(), s.clock.Now(), s.decideCfg)
+			s.mu.Unlock()
+			s.kick(false)
+			return
+		}
+		p.PodGroup = pg
+	}
 	out, err := e.committer.commit(ctx, p)
 	if errors.Is(err, errCrashed) {
 		logger.Info("Commit aborted by hook", "podGroup", p.Key, "err", err)
