@@ -277,6 +277,7 @@ if [ "$1" = "-d" ]; then
   mkdir -p "$dir" && rm -f "$dir"/limit.* && mkfifo "$pipe"
   exit $?
 fi
+case ";$(printf '%s' "$stdin" | tr '\n' ';');" in *";quit;"*) tool_hold ` + HoldMPSDaemonQuit + ` "$dir" ;; esac
 if [ ! -p "$pipe" ]; then echo "Cannot find MPS control daemon process" >&2; exit 1; fi
 printf '%s\n' "$stdin" | while read -r cmd a1 a2; do
   case "$cmd" in

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -13,8 +14,8 @@ import (
 // release): a held tool invocation parks at its start, before it takes
 // effect, until the hold is released or the process is killed — a tool that
 // has not returned yet when tessera-node dies. The chaos run (test/chaos)
-// kills tessera-node mid-prepare of an MPS share and of a time-sliced GPU
-// this way. A hold is a file in the directory $FAKE_TOOLS_HOLD_DIR names;
+// kills tessera-node mid-prepare of an MPS share and of a time-sliced GPU,
+// and mid-unprepare of both, this way. A hold is a file in the directory $FAKE_TOOLS_HOLD_DIR names;
 // each parked invocation writes a file beside it with what it was asked
 // (and removes it when it goes on).
 const (
@@ -26,7 +27,14 @@ const (
 	// slice being set) before it is set; parked invocations report the
 	// tool's arguments.
 	HoldSMIComputePolicy = "smi-compute-policy"
+	// HoldMPSDaemonQuit parks an nvidia-cuda-mps-control invocation whose
+	// commands include quit (an MPS claim's unprepare stopping its daemon)
+	// before the daemon goes; parked invocations report their pipe
+	// directory.
+	HoldMPSDaemonQuit = "mps-daemon-quit"
 )
+
+var toolHolds = []string{HoldMPSDaemonStart, HoldSMIComputePolicy, HoldMPSDaemonQuit}
 
 // toolHoldSh is the fake tools' shell side of a hold: tool_hold <name>
 // <what> parks while $FAKE_TOOLS_HOLD_DIR/<name> exists and its own parked
@@ -42,8 +50,8 @@ const toolHoldSh = `tool_hold() {
 // HoldTool arms the hold name in the hold directory dir: from now on the
 // tool invocations it names park at their start.
 func HoldTool(dir, name string) error {
-	if name != HoldMPSDaemonStart && name != HoldSMIComputePolicy {
-		return fmt.Errorf("hold: %q is not a tool hold (one of %s, %s)", name, HoldMPSDaemonStart, HoldSMIComputePolicy)
+	if !slices.Contains(toolHolds, name) {
+		return fmt.Errorf("hold: %q is not a tool hold (one of %s)", name, strings.Join(toolHolds, ", "))
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("hold %s: %w", name, err)

@@ -51,7 +51,7 @@ func TestFakeToolHold(t *testing.T) {
 		t.Error("a hold of an unknown name was armed")
 	}
 
-	for _, name := range []string{HoldMPSDaemonStart, HoldSMIComputePolicy} {
+	for _, name := range []string{HoldMPSDaemonStart, HoldSMIComputePolicy, HoldMPSDaemonQuit} {
 		if err := HoldTool(holds, name); err != nil {
 			t.Fatal(err)
 		}
@@ -111,6 +111,31 @@ func TestFakeToolHold(t *testing.T) {
 		t.Fatal("the daemon start did not go on after the release")
 	}
 	if fi, err := os.Stat(filepath.Join(pipe, "control")); err != nil || fi.Mode()&os.ModeNamedPipe == 0 {
-		t.Errorf("no control pipe after the released start: %v", err)
+		t.Fatalf("no control pipe after the released start: %v", err)
+	}
+
+	// A quit parks while the daemon still runs (other commands do not), and
+	// the daemon goes once it is released.
+	if _, done := run("nvidia-cuda-mps-control", "get_server_list\n"); <-done != nil {
+		t.Error("a control command parked or failed on the quit hold")
+	}
+	_, stop := run("nvidia-cuda-mps-control", "get_server_list\nquit\n")
+	waitParked(HoldMPSDaemonQuit, pipe)
+	if fi, err := os.Stat(filepath.Join(pipe, "control")); err != nil || fi.Mode()&os.ModeNamedPipe == 0 {
+		t.Fatalf("the daemon is gone while its quit is parked: %v", err)
+	}
+	if err := ReleaseTool(holds, HoldMPSDaemonQuit); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-stop:
+		if err != nil {
+			t.Fatalf("quit after the release: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the quit did not go on after the release")
+	}
+	if _, err := os.Stat(filepath.Join(pipe, "control")); !os.IsNotExist(err) {
+		t.Errorf("the control pipe is still there after the released quit (%v)", err)
 	}
 }

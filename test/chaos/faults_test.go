@@ -129,10 +129,15 @@ func (in *injector) inject(ctx context.Context, kind string, rec *faultRecord) e
 	case faultNodeKillPrepare:
 		return in.killNodeAt(ctx, rec, true)
 	case faultNodeKillUnprep:
-		// Every other one on a time-sliced claim's unprepare (a whole
-		// GPU's time slice reset), the others on a MIG device's destroy.
-		if in.unprepareKills++; in.unprepareKills%2 == 0 {
+		// In turn on a MIG device's destroy, a time-sliced claim's
+		// unprepare (a whole GPU's time slice reset) and an MPS share's
+		// (its control daemon's quit).
+		in.unprepareKills++
+		switch in.unprepareKills % 3 {
+		case 2:
 			return in.killMidPrepare(ctx, rec, unprepTimeSliced)
+		case 0:
+			return in.killMidPrepare(ctx, rec, unprepMPS)
 		}
 		return in.killNodeAt(ctx, rec, false)
 	case faultKillPrepWhole, faultKillPrepMPS, faultKillPrepTS:

@@ -49,6 +49,14 @@ import (
 // PrepareCompleted, time-slicing the parked GPU.
 const unprepTimeSliced = "unprepare of a time-sliced GPU"
 
+// unprepMPS: a third of the mid-unprepare kills park an MPS share's
+// unprepare at its control daemon's quit (after the CDI spec was removed,
+// before the daemon goes and the checkpoint entry with it); it lands when the
+// checkpoint still has the claim PrepareCompleted. The parked quit goes on
+// after the kill (a quit already sent reaches the daemon whatever happens to
+// the sender), so the restarted plugin's unprepare finds the daemon gone.
+const unprepMPS = "unprepare of an MPS share"
+
 func (in *injector) killMidPrepare(ctx context.Context, rec *faultRecord, kind string) error {
 	// A whole GPU's GetMigMode is held on one whole node (on a MIG node a
 	// MIG prepare asks it too; on every node it would stall each agent's
@@ -59,7 +67,7 @@ func (in *injector) killMidPrepare(ctx context.Context, rec *faultRecord, kind s
 	switch kind {
 	case faultKillPrepWhole:
 		candidates = []*chaosNode{in.pickNodeFor([]string{modeWhole}, "whole")}
-	case faultKillPrepMPS:
+	case faultKillPrepMPS, unprepMPS:
 		candidates = in.nodesOf(modeShared)
 	default:
 		candidates = in.nodesOf(modeWhole, modeMIG)
@@ -80,11 +88,14 @@ func (in *injector) killMidPrepare(ctx context.Context, rec *faultRecord, kind s
 			}
 			return strings.Fields(out)[1:], nil
 		}
-	case faultKillPrepMPS, faultKillPrepTS, unprepTimeSliced:
-		hold := realnode.HoldMPSDaemonStart
-		what = "nvidia-cuda-mps-control -d"
-		if kind != faultKillPrepMPS {
-			hold, what = realnode.HoldSMIComputePolicy, "nvidia-smi compute-policy"
+	case faultKillPrepMPS, faultKillPrepTS, unprepTimeSliced, unprepMPS:
+		hold := realnode.HoldSMIComputePolicy
+		what = "nvidia-smi compute-policy"
+		switch kind {
+		case faultKillPrepMPS:
+			hold, what = realnode.HoldMPSDaemonStart, "nvidia-cuda-mps-control -d"
+		case unprepMPS:
+			hold, what = realnode.HoldMPSDaemonQuit, "nvidia-cuda-mps-control quit"
 		}
 		arm = func(n *chaosNode) error { return realnode.HoldTool(n.holdDir(), hold) }
 		disarm = func(n *chaosNode) error { return realnode.ReleaseTool(n.holdDir(), hold) }
@@ -143,7 +154,7 @@ func (in *injector) killMidPrepare(ctx context.Context, rec *faultRecord, kind s
 		}
 		landed = mid > 0
 		phase := "mid-prepare"
-		if kind == unprepTimeSliced {
+		if kind == unprepTimeSliced || kind == unprepMPS {
 			phase = "mid-unprepare (still PrepareCompleted)"
 		}
 		rec.Note = fmt.Sprintf("killed with %s parked (%s); checkpoint: %d claim(s) there %s", what, strings.Join(calls, ", "), mid, phase)
@@ -206,11 +217,13 @@ func (in *injector) midPrepare(ctx context.Context, n *chaosNode, kind string, c
 	}
 	count := 0
 	switch kind {
-	case faultKillPrepMPS:
-		// A parked daemon start reports its pipe directory,
-		// <mps dir>/claims/<claim UID>/pipe.
+	case faultKillPrepMPS, unprepMPS:
+		// A parked daemon start or quit reports its pipe directory,
+		// <mps dir>/claims/<claim UID>/pipe: a start is mid-prepare while
+		// the claim is not PrepareCompleted, a quit mid-unprepare while it
+		// still is.
 		for _, pipe := range calls {
-			if state(types.UID(filepath.Base(filepath.Dir(pipe)))) != checkpoint.PrepareCompleted {
+			if done := state(types.UID(filepath.Base(filepath.Dir(pipe)))) == checkpoint.PrepareCompleted; done == (kind == unprepMPS) {
 				count++
 			}
 		}
