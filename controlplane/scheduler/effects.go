@@ -47,6 +47,9 @@ type effects struct {
 	// gang's PodGroup — for its status, and as a victim's Event object — and do not create it
 	// again.
 	created map[string]createdPodGroup
+	// creating are the PodGroups in-flight commits create: the cycles meanwhile do not
+	// create them too.
+	creating map[string]bool
 	// podConds: pod UID → the PodScheduled message last patched.
 	podConds map[types.UID]string
 }
@@ -69,6 +72,7 @@ func (e *effects) reset() {
 	e.queueOverlay = map[string]*v1alpha1.Queue{}
 	e.upOverlay = map[string]*schedulingv1beta1.PodGroup{}
 	e.created = map[string]createdPodGroup{}
+	e.creating = map[string]bool{}
 	e.podConds = map[types.UID]string{}
 }
 
@@ -138,21 +142,27 @@ func (e *effects) createdPodGroup(key string) *v1alpha1.PodGroup {
 	return c.pg
 }
 
-// createPodGroup creates the PodGroup of a gang placed before it existed. One that exists
-// already (created by this cycle's writes of an earlier term, or by hand under the same name)
-// is read back and used.
+// createPodGroup creates the PodGroup of a gang placed before it existed (apply marked it
+// creating). One that exists already (an earlier term's writes, or made by hand under the
+// same name) is read back and used.
 func (e *effects) createPodGroup(ctx context.Context, desired *v1alpha1.PodGroup) (*v1alpha1.PodGroup, error) {
 	s := e.s
+	key := desired.Namespace + "/" + desired.Name
+	defer func() {
+		e.mu.Lock()
+		delete(e.creating, key)
+		e.mu.Unlock()
+	}()
 	apiWrites.WithLabelValues("podgroup").Inc()
 	pg, err := s.sched.PodGroups(desired.Namespace).Create(ctx, desired.DeepCopy())
 	if apierrors.IsAlreadyExists(err) {
 		pg, err = s.sched.PodGroups(desired.Namespace).Get(ctx, desired.Name)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("create PodGroup %s/%s: %w", desired.Namespace, desired.Name, err)
+		return nil, fmt.Errorf("create PodGroup %s: %w", key, err)
 	}
 	e.mu.Lock()
-	e.created[pg.Namespace+"/"+pg.Name] = createdPodGroup{pg: pg, at: s.clock.Now()}
+	e.created[key] = createdPodGroup{pg: pg, at: s.clock.Now()}
 	e.mu.Unlock()
 	return pg, nil
 }
@@ -187,6 +197,11 @@ func (e *effects) apply(ctx context.Context, d *decide.Decisions) {
 			e.forget(p, nil)
 			return
 		}
+		if pg := p.CreatePodGroup; pg != nil {
+			e.mu.Lock()
+			e.creating[pg.Namespace+"/"+pg.Name] = true
+			e.mu.Unlock()
+		}
 		e.commits.Add(1)
 		e.inflight.Add(1)
 		go func() {
@@ -197,6 +212,12 @@ func (e *effects) apply(ctx context.Context, d *decide.Decisions) {
 		}()
 	}
 	for _, pg := range d.PodGroups {
+		e.mu.Lock()
+		creating := e.creating[pg.Namespace+"/"+pg.Name]
+		e.mu.Unlock()
+		if creating {
+			continue // an earlier cycle's commit creates it right now
+		}
 		key := "podgroup/" + pg.Namespace + "/" + pg.Name
 		e.writes.submit(key, func(ctx context.Context) error { return e.ensurePodGroup(ctx, pg) })
 	}

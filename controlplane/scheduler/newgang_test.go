@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -140,5 +141,92 @@ func TestLonePodBindsInTheCycleThatCreatesItsPodGroup(t *testing.T) {
 		return false, nil
 	}); err != nil {
 		t.Fatalf("no Scheduled Event on PodGroup %s (UID %s): %v", pgName, pg.UID, err)
+	}
+}
+
+// slowCreate holds the PodGroup creates that pass through it until release is closed,
+// telling held when the first one arrives.
+type slowCreate struct {
+	rt      http.RoundTripper
+	held    chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func (s *slowCreate) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Method == http.MethodPost && strings.HasSuffix(req.URL.Path, "/podgroups") {
+		s.once.Do(func() { close(s.held) })
+		<-s.release
+	}
+	return s.rt.RoundTrip(req)
+}
+
+// TestPodGroupCreatedOnceWhileItsCommitIsInFlight: cycles that run while a commit is
+// still creating its gang's PodGroup (the pod already assumed bound, the PodGroup not yet
+// there) do not create it too.
+func TestPodGroupCreatedOnceWhileItsCommitIsInFlight(t *testing.T) {
+	e := newEnv(t)
+	e.addNode("a", 8, false, nil)
+	q := e.addQueue("q", "", "", "", 1)
+	counter := &writeCounter{writes: map[string]int{}}
+	slow := &slowCreate{held: make(chan struct{}), release: make(chan struct{})}
+	cfg := rest.CopyConfig(e.cp.Config)
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { slow.rt = rt; counter.rt = slow; return counter })
+	clock := clocktesting.NewFakeClock(time.Now())
+	opts := defaultOptions()
+	opts.Period = time.Second
+	opts.Clock = clock
+	s, _ := e.startSchedulerWith(cfg, opts)
+	cycle := func() {
+		t.Helper()
+		before := s.Cycles()
+		clock.Step(time.Second)
+		if err := wait.PollUntilContextTimeout(e.ctx, 5*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+			return s.Cycles() > before, nil
+		}); err != nil {
+			t.Fatalf("no cycle: %v", err)
+		}
+	}
+	cycle()
+	c := fixture.GPUClaim(e.ns, "lone", 1)
+	c.UID = ""
+	if _, err := e.kube.ResourceV1().ResourceClaims(e.ns).Create(e.ctx, c, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p := fixture.Pod(e.ns, "lone", c.Name)
+	p.UID = ""
+	p.Labels = map[string]string{v1alpha1.QueueLabel: q}
+	if _, err := e.kube.CoreV1().Pods(e.ns).Create(e.ctx, p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; ; i++ {
+		if i == 40 {
+			t.Fatal("no PodGroup create in 40 cycles")
+		}
+		cycle()
+		select {
+		case <-slow.held:
+		case <-time.After(100 * time.Millisecond):
+			continue
+		}
+		break
+	}
+	// The commit's create is held: three cycles run meanwhile, and their writes go out.
+	for range 3 {
+		cycle()
+	}
+	time.Sleep(300 * time.Millisecond)
+	close(slow.release)
+	if err := wait.PollUntilContextTimeout(e.ctx, 10*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		got, err := e.kube.CoreV1().Pods(e.ns).Get(ctx, "lone", metav1.GetOptions{})
+		return err == nil && got.Spec.NodeName != "" && s.Idle(), err
+	}); err != nil {
+		t.Fatalf("pod not bound after the create was released: %v", err)
+	}
+	for range 3 {
+		cycle()
+	}
+	if n := counter.take()["POST /apis/scheduling.tessera.dev/v1alpha1/namespaces/"+e.ns+"/podgroups"]; n != 1 {
+		t.Fatalf("PodGroup create sent %d times, want once (by the commit)", n)
 	}
 }
