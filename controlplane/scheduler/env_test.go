@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
+	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/tessera-gpu/tessera/controlplane/api/v1alpha1"
@@ -393,4 +395,56 @@ func (e *env) finish(pods []*v1.Pod) {
 
 func defaultOptions() scheduler.Options {
 	return scheduler.Options{Period: 200 * time.Millisecond}
+}
+
+// podWithClaim creates a pod with its own one-GPU claim (UIDs from the API server); mutate
+// sets its labels, annotations or node selector before it is created.
+func (e *env) podWithClaim(name string, mutate func(*v1.Pod)) *v1.Pod {
+	e.t.Helper()
+	c := fixture.GPUClaim(e.ns, name, 1)
+	c.UID = ""
+	if _, err := e.kube.ResourceV1().ResourceClaims(e.ns).Create(e.ctx, c, metav1.CreateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+	p := fixture.Pod(e.ns, name, c.Name)
+	p.UID = ""
+	mutate(p)
+	created, err := e.kube.CoreV1().Pods(e.ns).Create(e.ctx, p, metav1.CreateOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return created
+}
+
+// stepped is a scheduler on a fake clock (period 1s) whose client goes through wrap: its
+// cycles run when the test steps the clock.
+type stepped struct {
+	e     *env
+	s     *scheduler.Scheduler
+	clock *clocktesting.FakeClock
+}
+
+func (e *env) startStepped(wrap func(http.RoundTripper) http.RoundTripper) *stepped {
+	e.t.Helper()
+	cfg := rest.CopyConfig(e.cp.Config)
+	cfg.Wrap(wrap)
+	clock := clocktesting.NewFakeClock(time.Now())
+	opts := defaultOptions()
+	opts.Period = time.Second
+	opts.Clock = clock
+	s, _ := e.startSchedulerWith(cfg, opts)
+	return &stepped{e: e, s: s, clock: clock}
+}
+
+// cycle advances the clock by one period and waits for the cycle it triggers, and — when idle
+// is set — for every commit and write that cycle started.
+func (st *stepped) cycle(idle bool) {
+	st.e.t.Helper()
+	before := st.s.Cycles()
+	st.clock.Step(time.Second)
+	if err := wait.PollUntilContextTimeout(st.e.ctx, 5*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		return st.s.Cycles() > before && (!idle || st.s.Idle()), nil
+	}); err != nil {
+		st.e.t.Fatalf("cycle did not finish: %v", err)
+	}
 }

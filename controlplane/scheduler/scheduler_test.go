@@ -124,18 +124,7 @@ func TestRecreatedPodJoinsItsGang(t *testing.T) {
 	if err := e.kube.CoreV1().Pods(e.ns).Delete(e.ctx, pods[3].Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
 		t.Fatal(err)
 	}
-	c := fixture.GPUClaim(e.ns, "g-3-replacement", 1)
-	c.UID = ""
-	if _, err := e.kube.ResourceV1().ResourceClaims(e.ns).Create(e.ctx, c, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	p := fixture.Pod(e.ns, "g-3-replacement", c.Name)
-	p.UID = ""
-	p.Annotations = map[string]string{v1alpha1.PodGroupAnnotation: "g"}
-	created, err := e.kube.CoreV1().Pods(e.ns).Create(e.ctx, p, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	created := e.podWithClaim("g-3-replacement", func(p *v1.Pod) { p.Annotations = map[string]string{v1alpha1.PodGroupAnnotation: "g"} })
 	e.waitBound([]*v1.Pod{created}, 60*time.Second)
 	e.checkClaims()
 	e.waitCondition("g", v1alpha1.PodGroupConditionScheduled, metav1.ConditionTrue, func(c metav1.Condition) bool {

@@ -15,8 +15,6 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/rest"
-	clocktesting "k8s.io/utils/clock/testing"
 
 	v1alpha1 "github.com/tessera-gpu/tessera/controlplane/api/v1alpha1"
 	"github.com/tessera-gpu/tessera/controlplane/fixture"
@@ -72,26 +70,11 @@ func TestWaitingGangsCauseNoWrites(t *testing.T) {
 		e.gang(fmt.Sprintf("g%03d", i), q, 2, func(ns, name string) *resourceapi.ResourceClaim { return fixture.GPUClaim(ns, name, 8) })
 	}
 	counter := &writeCounter{writes: map[string]int{}}
-	cfg := rest.CopyConfig(e.cp.Config)
-	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { counter.rt = rt; return counter })
-	clock := clocktesting.NewFakeClock(time.Now())
-	opts := defaultOptions()
-	opts.Period = time.Second
-	opts.Clock = clock
-	s, _ := e.startSchedulerWith(cfg, opts)
-
+	st := e.startStepped(func(rt http.RoundTripper) http.RoundTripper { counter.rt = rt; return counter })
+	s := st.s
 	// step advances the scheduler's time by one period and waits for the cycle it triggers
 	// and for every write that cycle queued.
-	step := func() {
-		t.Helper()
-		before := s.Cycles()
-		clock.Step(time.Second)
-		if err := wait.PollUntilContextTimeout(e.ctx, 5*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-			return s.Cycles() > before && s.Idle(), nil
-		}); err != nil {
-			t.Fatalf("cycle did not finish: %v", err)
-		}
-	}
+	step := func() { t.Helper(); st.cycle(true) }
 	// Until every gang says why it waits.
 	if err := wait.PollUntilContextTimeout(e.ctx, 10*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
 		step()
