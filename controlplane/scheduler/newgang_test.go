@@ -3,6 +3,7 @@ package scheduler_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"sort"
 	"strings"
@@ -176,5 +177,89 @@ func TestPodGroupCreatedOnceWhileItsCommitIsInFlight(t *testing.T) {
 	}
 	if n := counter.take()["POST /apis/scheduling.tessera.dev/v1alpha1/namespaces/"+e.ns+"/podgroups"]; n != 1 {
 		t.Fatalf("PodGroup create sent %d times, want once (by the commit)", n)
+	}
+}
+
+// failCreate answers every PodGroup create with a 500 until ok is set, counting them.
+type failCreate struct {
+	rt     http.RoundTripper
+	mu     sync.Mutex
+	ok     bool
+	failed int
+}
+
+func (f *failCreate) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Method == http.MethodPost && strings.HasSuffix(req.URL.Path, "/podgroups") {
+		f.mu.Lock()
+		ok := f.ok
+		if !ok {
+			f.failed++
+		}
+		f.mu.Unlock()
+		if !ok {
+			return &http.Response{StatusCode: http.StatusInternalServerError, Header: http.Header{"Content-Type": []string{"application/json"}},
+				Body: io.NopCloser(strings.NewReader(`{"kind":"Status","apiVersion":"v1","status":"Failure","message":"injected","reason":"InternalError","code":500}`)), Request: req}, nil
+		}
+	}
+	return f.rt.RoundTrip(req)
+}
+
+// TestPodGroupCreateFailureWritesNothingElse: when the commit of a first-cycle gang cannot
+// create its PodGroup, it writes nothing else — the claim stays unallocated, the pod unbound —
+// the pod gets a CommitFailed Event, and once creates succeed again the gang binds.
+func TestPodGroupCreateFailureWritesNothingElse(t *testing.T) {
+	e := newEnv(t)
+	e.addNode("a", 8, false, nil)
+	q := e.addQueue("q", "", "", "", 1)
+	counter := &writeCounter{writes: map[string]int{}}
+	fc := &failCreate{}
+	st := e.startStepped(func(rt http.RoundTripper) http.RoundTripper { fc.rt = rt; counter.rt = fc; return counter })
+	st.cycle(true)
+	e.podWithClaim("lone", func(p *v1.Pod) { p.Labels = map[string]string{v1alpha1.QueueLabel: q} })
+	for i := 0; ; i++ {
+		if i == 40 {
+			t.Fatal("no PodGroup create tried in 40 cycles")
+		}
+		st.cycle(true)
+		fc.mu.Lock()
+		n := fc.failed
+		fc.mu.Unlock()
+		if n > 0 {
+			break
+		}
+	}
+	if w := counter.take(); w["PUT /apis/resource.k8s.io/v1/namespaces/"+e.ns+"/resourceclaims/lone/status"] != 0 || w["POST /api/v1/namespaces/"+e.ns+"/pods/lone/binding"] != 0 {
+		t.Fatalf("the claim was written or the pod bound although the PodGroup create failed: %v", w)
+	}
+	claim, err := e.kube.ResourceV1().ResourceClaims(e.ns).Get(e.ctx, "lone", metav1.GetOptions{})
+	if err != nil || claim.Status.Allocation != nil {
+		t.Fatalf("claim after the failed commit: allocated %v, err %v", claim.Status.Allocation != nil, err)
+	}
+	if err := wait.PollUntilContextTimeout(e.ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		evs, err := e.kube.CoreV1().Events(e.ns).List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("involvedObject.name", "lone").String()})
+		if err != nil {
+			return false, err
+		}
+		for _, ev := range evs.Items {
+			if ev.Reason == v1alpha1.ReasonCommitFailed && strings.Contains(ev.Message, "create PodGroup") {
+				return true, nil
+			}
+		}
+		return false, nil
+	}); err != nil {
+		t.Fatalf("no CommitFailed Event on the pod: %v", err)
+	}
+	fc.mu.Lock()
+	fc.ok = true
+	fc.mu.Unlock()
+	if err := wait.PollUntilContextTimeout(e.ctx, 10*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+		st.cycle(true)
+		got, err := e.kube.CoreV1().Pods(e.ns).Get(ctx, "lone", metav1.GetOptions{})
+		return err == nil && got.Spec.NodeName != "", err
+	}); err != nil {
+		t.Fatalf("pod not bound once PodGroup creates succeed: %v", err)
+	}
+	if _, err := e.sc.PodGroups(e.ns).Get(e.ctx, "pod-lone"); err != nil {
+		t.Fatalf("PodGroup: %v", err)
 	}
 }
