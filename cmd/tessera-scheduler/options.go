@@ -60,6 +60,8 @@ type options struct {
 	// delegated authentication and authorization (the kube-scheduler's
 	// flags), plain HTTP only with --metrics-bind-address.
 	serving *secureserve.Options
+	// profiling serves /debug/pprof beside /metrics (the kube-scheduler's --profiling).
+	profiling bool
 }
 
 // DefaultSecurePort is where the HTTPS endpoint listens by default (the
@@ -100,6 +102,7 @@ func newOptions() *options {
 		logging:            logsapi.NewLoggingConfiguration(),
 		featureGate:        featuregate.NewFeatureGate(),
 		serving:            secureserve.NewOptions("tessera-scheduler", DefaultSecurePort),
+		profiling:          true,
 	}
 	if o.leaseNamespace == "" {
 		o.leaseNamespace = "kube-system"
@@ -149,6 +152,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.shadowReportTTL, "shadow-report-ttl", o.shadowReportTTL, "With --shadow: reports of gangs that ended are deleted this long after; negative keeps them.")
 	fs.BoolVar(&o.shadowAllGangs, "shadow-all-gangs", o.shadowAllGangs, "With --shadow: report every gang, not only AI gangs (more than one pod, or pods with ResourceClaims or extended resources).")
 	o.serving.AddFlags(fs, "metrics-bind-address", "/metrics, /healthz, /readyz and /livez")
+	fs.BoolVar(&o.profiling, "profiling", o.profiling, "Serve Go profiles at /debug/pprof on the same endpoints as /metrics, behind the same authentication and authorization (get on the non-resource URL; the kube-scheduler's --profiling).")
 	logsapi.AddFlags(o.logging, fs)
 	o.featureGate.AddFlag(fs)
 }

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -29,6 +31,36 @@ func TestFlagsReachSchedulerOptions(t *testing.T) {
 		opts := o.schedulerOptions()
 		if opts.UnfitRetry != tc.unfitRetry || opts.ConsolidationMaxPods != tc.consolidationMaxPods {
 			t.Errorf("%q: UnfitRetry %s, ConsolidationMaxPods %d; want %s, %d", tc.args, opts.UnfitRetry, opts.ConsolidationMaxPods, tc.unfitRetry, tc.consolidationMaxPods)
+		}
+	}
+}
+
+// TestProfilingEndpoints: /debug/pprof is served by default (as the kube-scheduler's
+// --profiling) and not at all with --profiling=false; /metrics is served either way.
+func TestProfilingEndpoints(t *testing.T) {
+	for _, tc := range []struct {
+		args  string
+		pprof int
+	}{
+		{args: "", pprof: http.StatusOK},
+		{args: "--profiling=false", pprof: http.StatusNotFound},
+	} {
+		fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+		o := newOptions()
+		o.addFlags(fs)
+		if err := fs.Parse(strings.Fields(tc.args)); err != nil {
+			t.Fatalf("%q: %v", tc.args, err)
+		}
+		h := endpointsHandler(o)
+		for path, want := range map[string]int{"/debug/pprof/": tc.pprof, "/debug/pprof/cmdline": tc.pprof, "/metrics": http.StatusOK} {
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+			if rec.Code != want {
+				t.Errorf("%q: GET %s = %d, want %d", tc.args, path, rec.Code, want)
+			}
+			if path == "/debug/pprof/" && want == http.StatusOK && !strings.Contains(rec.Body.String(), "goroutine") {
+				t.Errorf("%q: GET %s does not list the goroutine profile:\n%s", tc.args, path, rec.Body.String())
+			}
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/http/pprof"
 	"os"
 
 	"k8s.io/client-go/rest"
@@ -96,16 +97,30 @@ func newCatalogResolver(ctx context.Context, cfg *rest.Config, clusterDefs, writ
 // while the process runs: a standby replica is healthy and ready too.
 func serveEndpoints(ctx context.Context, o *options) (stop func(), err error) {
 	o.serving.DefaultKubeconfig(o.kubeconfig)
+	srv, err := o.serving.Serve(ctx, endpointsHandler(o))
+	if err != nil {
+		return nil, err
+	}
+	return srv.Stop, nil
+}
+
+// endpointsHandler routes /metrics, the health paths and, with --profiling, /debug/pprof.
+func endpointsHandler(o *options) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", metricsconv.Handler())
 	for _, path := range []string{"/healthz", "/readyz", "/livez"} {
 		mux.HandleFunc(path, func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
 	}
-	srv, err := o.serving.Serve(ctx, mux)
-	if err != nil {
-		return nil, err
+	if o.profiling {
+		// The routes of k8s.io/apiserver's routes.Profiling, which needs that package's
+		// PathRecorderMux; net/http/pprof's handlers are what it installs.
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
-	return srv.Stop, nil
+	return mux
 }
 
 // schedulerOptions maps the flags to the scheduler's Options (where a flag's 0 means "off"
