@@ -91,7 +91,7 @@ bench-e2e: k8s-bin kueue-bin
 	$(GO) test -count=1 -run '^$$' -bench '^BenchmarkFair$$/$(FAIR_SCENARIOS)' -benchtime 1x -timeout 600m ./test/bench/ -args -fair-nodes=$(FAIR_NODES) -fair-runs=$(FAIR_RUNS) $(FAIR_ARGS)
 
 bench-e2e-short:
-	$(MAKE) bench-e2e FAIR_NODES=5 FAIR_RUNS=1 FAIR_ARGS='-fair-churn=5s -fair-unfit-window=3s -fair-stall=20s'
+	$(MAKE) bench-e2e FAIR_NODES=5 FAIR_RUNS=1 FAIR_ARGS='-fair-churn=5s -fair-unfit-window=3s -fair-stall=20s -fair-cpu-profile=$(CURDIR)/$(BIN)/bench-profiles'
 
 # The chaos run (test/chaos, docs/reliability.md): the real control plane,
 # 8 simulated GPU nodes with tessera-node processes, two tessera-scheduler

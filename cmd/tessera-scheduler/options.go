@@ -27,6 +27,7 @@ type options struct {
 	spread             bool
 	maxTries           int
 	period             time.Duration
+	minCycleInterval   time.Duration
 	parallelism        int
 	gpuDrivers         []string
 	catalog            bool
@@ -75,6 +76,7 @@ func newOptions() *options {
 		kubeAPIBurst:       1000,
 		maxTries:           50000,
 		period:             time.Second,
+		minCycleInterval:   50 * time.Millisecond,
 		parallelism:        16,
 		gpuDrivers:         []string{contract.DriverName},
 		catalog:            true,
@@ -125,6 +127,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.spread, "spread", o.spread, "Prefer the emptiest nodes instead of packing GPUs onto the fullest.")
 	fs.IntVar(&o.maxTries, "max-tries", o.maxTries, "Search budget per gang: node evaluations before the gang is declared unplaceable this cycle.")
 	fs.DurationVar(&o.period, "period", o.period, "Time between scheduling cycles when no event triggers one.")
+	fs.DurationVar(&o.minCycleInterval, "min-cycle-interval", o.minCycleInterval, "Least time between the starts of cycles that events trigger (they are also kept twice the last cycle's duration apart, so cycles take at most half the scheduler's time); shorter places pods sooner under a stream of events, at more CPU.")
 	fs.IntVar(&o.parallelism, "parallelism", o.parallelism, "API writes in flight per commit, and gangs committed at once.")
 	fs.StringSliceVar(&o.gpuDrivers, "gpu-drivers", o.gpuDrivers, "DRA drivers whose devices are counted in GPU units for queue quotas.")
 	fs.BoolVar(&o.catalog, "catalog", o.catalog, "Map pods to gangs through the workload catalog (built-in definitions); when false every pod without a PodGroup annotation is a gang of one.")
@@ -174,6 +177,8 @@ func (o *options) validate() error {
 		return fmt.Errorf("--max-tries must be positive, got %d", o.maxTries)
 	case o.period <= 0:
 		return fmt.Errorf("--period must be positive, got %s", o.period)
+	case o.minCycleInterval <= 0:
+		return fmt.Errorf("--min-cycle-interval must be positive, got %s", o.minCycleInterval)
 	case o.jointSteps <= 0:
 		return fmt.Errorf("--joint-steps must be positive, got %d", o.jointSteps)
 	case o.maxSteps <= 0:

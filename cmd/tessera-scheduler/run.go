@@ -133,6 +133,7 @@ func (o *options) schedulerOptions() scheduler.Options {
 		ProbeNamespace:       o.probeNamespace,
 		GPUDrivers:           o.gpuDrivers,
 		Period:               o.period,
+		MinCycleInterval:     o.minCycleInterval,
 		Parallelism:          o.parallelism,
 		StarvationTimeout:    o.starvation,
 		FormationTimeout:     o.formation,

@@ -10,9 +10,22 @@ import (
 	v1alpha1 "github.com/tessera-gpu/tessera/controlplane/api/v1alpha1"
 )
 
-// minCycleInterval keeps event-triggered cycles apart (the period still applies when nothing
-// happens).
-const minCycleInterval = 50 * time.Millisecond
+// defaultMinCycleInterval is Options.MinCycleInterval's default.
+const defaultMinCycleInterval = 50 * time.Millisecond
+
+// maxSettle is the longest a cycle waits after the event that triggered it, to let a burst
+// of events (a workload's pods, a claim and its pod) settle into one cycle.
+const maxSettle = 10 * time.Millisecond
+
+// cycleWait is how long the loop waits, after an event, before the next cycle; sinceStart is
+// the time since the last cycle started and took how long it ran. Cycles start at least
+// minInterval apart and at least twice the last one's duration apart (under a stream of events
+// cycles take at most half the scheduler's time, however large the cluster), and never sooner
+// than min(minInterval, maxSettle) after the event.
+func cycleWait(sinceStart, took, minInterval time.Duration) time.Duration {
+	settle := min(minInterval, maxSettle)
+	return max(settle, max(minInterval, 2*took)-sinceStart)
+}
 
 // relevantUpdate filters updates that cannot change a scheduling decision: node heartbeats,
 // kubelet status updates of pods, and the status this scheduler writes itself to PodGroups and

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -48,5 +49,27 @@ func TestRelevantUpdate(t *testing.T) {
 	}
 	if !updateFreesCapacity(pod, done) || updateFreesCapacity(claim, allocated) || !updateFreesCapacity(allocated, claim) {
 		t.Error("capacity: a finished pod and a deallocated claim free capacity, an allocation does not")
+	}
+}
+
+// TestCycleWait: after an event the loop waits for the burst to settle (10 ms, or the
+// interval when that is shorter), keeps cycle starts minInterval apart, and keeps them twice
+// the last cycle's duration apart when cycles are slow.
+func TestCycleWait(t *testing.T) {
+	ms := time.Millisecond
+	for _, tc := range []struct {
+		sinceStart, took, minInterval, want time.Duration
+	}{
+		{sinceStart: 2 * ms, took: 1 * ms, minInterval: 50 * ms, want: 48 * ms},   // the interval
+		{sinceStart: 45 * ms, took: 1 * ms, minInterval: 50 * ms, want: 10 * ms},  // the settle time
+		{sinceStart: 200 * ms, took: 1 * ms, minInterval: 50 * ms, want: 10 * ms}, // idle: the settle time
+		{sinceStart: 2 * ms, took: 1 * ms, minInterval: 5 * ms, want: 5 * ms},     // a short interval settles for as long
+		{sinceStart: 8 * ms, took: 1 * ms, minInterval: 5 * ms, want: 5 * ms},
+		{sinceStart: 30 * ms, took: 30 * ms, minInterval: 5 * ms, want: 30 * ms},  // a slow cycle: half the time
+		{sinceStart: 80 * ms, took: 40 * ms, minInterval: 50 * ms, want: 10 * ms}, // ...already waited
+	} {
+		if got := cycleWait(tc.sinceStart, tc.took, tc.minInterval); got != tc.want {
+			t.Errorf("cycleWait(since %s, took %s, interval %s) = %s, want %s", tc.sinceStart, tc.took, tc.minInterval, got, tc.want)
+		}
 	}
 }

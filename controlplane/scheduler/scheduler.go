@@ -70,6 +70,9 @@ type Options struct {
 	GPUDrivers []string
 	// Period between cycles when nothing triggers one. Default 1s.
 	Period time.Duration
+	// MinCycleInterval keeps cycles that events trigger at least this far apart (and at least
+	// twice the last cycle's duration: cycleWait). Default 50ms.
+	MinCycleInterval time.Duration
 	// Parallelism of API writes within a commit, gangs committed at once, and status
 	// writers. Default 16.
 	Parallelism int
@@ -174,6 +177,9 @@ func New(cfg *rest.Config, opts Options) (*Scheduler, error) {
 	}
 	if opts.Period <= 0 {
 		opts.Period = time.Second
+	}
+	if opts.MinCycleInterval <= 0 {
+		opts.MinCycleInterval = defaultMinCycleInterval
 	}
 	if opts.Parallelism <= 0 {
 		opts.Parallelism = 16
@@ -404,14 +410,14 @@ func (s *Scheduler) lead(ctx context.Context) error {
 	for {
 		last := s.clock.Now()
 		s.cycle(ctx)
+		took := s.clock.Since(last)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-s.trigger:
-			// Let a burst of events settle into one cycle, and keep cycles at least
-			// minCycleInterval apart so that a stream of events cannot keep the scheduler busy
-			// rebuilding snapshots.
-			wait := max(10*time.Millisecond, minCycleInterval-s.clock.Since(last))
+			// Let a burst of events settle into one cycle, and keep cycles apart so that a
+			// stream of events cannot keep the scheduler busy rebuilding snapshots.
+			wait := cycleWait(s.clock.Since(last), took, s.opts.MinCycleInterval)
 			select {
 			case <-ctx.Done():
 				return ctx.Err()

@@ -6,7 +6,10 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"math"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -41,6 +44,8 @@ var (
 	fairChurnRate = flag.Float64("fair-churn-rate", 0, "pods per second that arrive (and as many end) in the churn scenario of BenchmarkFair; 0: nodes/5 (20/s at 100 nodes: the live pods turn over every 20 s)")
 	fairWindow    = flag.Duration("fair-unfit-window", 30*time.Second, "how long the unfit scenario of BenchmarkFair measures the cost of gangs that wait")
 	fairStall     = flag.Duration("fair-stall", time.Minute, "a run of BenchmarkFair ends when no pod has been bound for this long; the pods left are reported as pending")
+	fairTessera   = flag.String("fair-tessera-args", "", "more flags of tessera-scheduler in BenchmarkFair, space-separated (e.g. '--min-cycle-interval=10ms'); the results say which")
+	fairProfile   = flag.String("fair-cpu-profile", "", "a directory: each tessera run of the churn scenario writes a CPU profile of tessera-scheduler over its churn phase there (from its /debug/pprof, served on plain HTTP on loopback for it)")
 )
 
 // BenchmarkFair measures equal-semantics pairs and scheduler_perf's shapes fairly, each a
@@ -116,6 +121,9 @@ func fairScenario(b *testing.B, env *fairEnv, sc scenario) string {
 	t, s := summarize(results["tessera"]), summarize(results["stock"])
 	fairLog("%s — %s", sc.name, sc.what)
 	fairLog("median of %d runs (min–max), %d nodes:", *fairRuns, *fairNodes)
+	if *fairTessera != "" {
+		fairLog("  tessera-scheduler ran with %s", *fairTessera)
+	}
 	fairLog("  tessera:        %s", t.describe(sc))
 	fairLog("  kube-scheduler: %s", s.describe(sc))
 	name, tv, sv := t.headline(sc, s)
@@ -392,12 +400,14 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 
 // schedProc is a running scheduler process.
 type schedProc struct {
-	cmd     *exec.Cmd
-	start   time.Time
-	log     string
-	logFile *os.File
-	done    chan struct{}
-	once    sync.Once
+	// debugAddr is tessera-scheduler's plain-HTTP endpoint (host:port) with -fair-cpu-profile.
+	debugAddr string
+	cmd       *exec.Cmd
+	start     time.Time
+	log       string
+	logFile   *os.File
+	done      chan struct{}
+	once      sync.Once
 }
 
 func (p *schedProc) pid() int { return p.cmd.Process.Pid }
@@ -440,6 +450,14 @@ func startScheduler(b *testing.B, env *fairEnv, sc scenario, which, kubeconfig, 
 		cmd = exec.Command(env.tesseraBin, "--kubeconfig="+kubeconfig, "--leader-elect=false", "--secure-port=0",
 			fmt.Sprintf("--catalog=%t", sc.catalog), "--workload-definitions=false",
 			fmt.Sprintf("--kube-api-qps=%d", *fairQPS), fmt.Sprintf("--kube-api-burst=%d", 2**fairQPS), "--v=1")
+		cmd.Args = append(cmd.Args, strings.Fields(*fairTessera)...)
+		if *fairProfile != "" && sc.churn {
+			addr := freeLoopbackAddr(b)
+			cmd.Args = append(cmd.Args, "--metrics-bind-address="+addr)
+			p := startProcess(b, cmd, logPath)
+			p.debugAddr = addr
+			return p
+		}
 	} else {
 		percentage := ""
 		if *fairScore > 0 {
@@ -479,6 +497,53 @@ profiles:
 		cmd = exec.Command(filepath.Join(env.binDir, "kube-scheduler"), args...)
 	}
 	return startProcess(b, cmd, logPath)
+}
+
+// freeLoopbackAddr is a loopback host:port nothing listened on a moment ago.
+func freeLoopbackAddr(b *testing.B) string {
+	b.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// cpuProfile fetches a CPU profile of d from the scheduler's /debug/pprof into path; the
+// returned func waits for it and says what went wrong.
+func (p *schedProc) cpuProfile(ctx context.Context, d time.Duration, path string) (wait func() error) {
+	done := make(chan error, 1)
+	go func() {
+		done <- func() error {
+			url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", p.debugAddr, max(1, int(d.Seconds())))
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+			if err != nil {
+				return err
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return fmt.Errorf("CPU profile: %w", err)
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("CPU profile: %s", resp.Status)
+			}
+			if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+				return err
+			}
+			f, err := os.Create(path)
+			if err != nil {
+				return err
+			}
+			if _, err := io.Copy(f, resp.Body); err != nil {
+				_ = f.Close()
+				return fmt.Errorf("CPU profile %s: %w", path, err)
+			}
+			return f.Close()
+		}()
+	}()
+	return func() error { return <-done }
 }
 
 // startProcess starts cmd logging to logPath.
@@ -654,6 +719,17 @@ func (tr *tracker) churn(ctx context.Context, b *testing.B, kube kubernetes.Inte
 	rate := *fairChurnRate
 	if rate <= 0 {
 		rate = float64(*fairNodes) / 5
+	}
+	if p.debugAddr != "" {
+		path := filepath.Join(*fairProfile, strings.NewReplacer("/", "-", " ", "-").Replace(label)+".pprof")
+		profiled := p.cpuProfile(ctx, *fairChurn, path)
+		defer func() {
+			if err := profiled(); err != nil {
+				b.Errorf("%s: %v", label, err)
+			} else {
+				b.Logf("%s: CPU profile of the churn phase in %s", label, path)
+			}
+		}()
 	}
 	tick := time.NewTicker(100 * time.Millisecond)
 	start := time.Now()
