@@ -127,7 +127,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.spread, "spread", o.spread, "Prefer the emptiest nodes instead of packing GPUs onto the fullest.")
 	fs.IntVar(&o.maxTries, "max-tries", o.maxTries, "Search budget per gang: node evaluations before the gang is declared unplaceable this cycle.")
 	fs.DurationVar(&o.period, "period", o.period, "Time between scheduling cycles when no event triggers one.")
-	fs.DurationVar(&o.minCycleInterval, "min-cycle-interval", o.minCycleInterval, "Least time between the starts of cycles that events trigger (they are also kept twice the last cycle's duration apart, so cycles take at most half the scheduler's time); shorter places pods sooner under a stream of events, at more CPU.")
+	fs.DurationVar(&o.minCycleInterval, "min-cycle-interval", o.minCycleInterval, "Least time between the starts of cycles that events trigger (a cycle starts at least min(this, 10ms) after the event that triggers it); shorter places pods sooner under a stream of events, at more CPU.")
 	fs.IntVar(&o.parallelism, "parallelism", o.parallelism, "API writes in flight per commit, and gangs committed at once.")
 	fs.StringSliceVar(&o.gpuDrivers, "gpu-drivers", o.gpuDrivers, "DRA drivers whose devices are counted in GPU units for queue quotas.")
 	fs.BoolVar(&o.catalog, "catalog", o.catalog, "Map pods to gangs through the workload catalog (built-in definitions); when false every pod without a PodGroup annotation is a gang of one.")

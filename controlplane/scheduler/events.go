@@ -18,13 +18,12 @@ const defaultMinCycleInterval = 50 * time.Millisecond
 const maxSettle = 10 * time.Millisecond
 
 // cycleWait is how long the loop waits, after an event, before the next cycle; sinceStart is
-// the time since the last cycle started and took how long it ran. Cycles start at least
-// minInterval apart and at least twice the last one's duration apart (under a stream of events
-// cycles take at most half the scheduler's time, however large the cluster), and never sooner
-// than min(minInterval, maxSettle) after the event.
-func cycleWait(sinceStart, took, minInterval time.Duration) time.Duration {
-	settle := min(minInterval, maxSettle)
-	return max(settle, max(minInterval, 2*took)-sinceStart)
+// the time since the last cycle started. Cycles that events trigger start at least
+// minInterval apart, so that a stream of events cannot keep the scheduler rebuilding
+// snapshots, and never sooner than min(minInterval, maxSettle) after the event. A long cycle
+// is not followed by a longer wait: a batch's next cycle starts soon after it.
+func cycleWait(sinceStart, minInterval time.Duration) time.Duration {
+	return max(min(minInterval, maxSettle), minInterval-sinceStart)
 }
 
 // relevantUpdate filters updates that cannot change a scheduling decision: node heartbeats,

@@ -53,23 +53,22 @@ func TestRelevantUpdate(t *testing.T) {
 }
 
 // TestCycleWait: after an event the loop waits for the burst to settle (10 ms, or the
-// interval when that is shorter), keeps cycle starts minInterval apart, and keeps them twice
-// the last cycle's duration apart when cycles are slow.
+// interval when that is shorter) and keeps cycle starts minInterval apart; a long cycle adds
+// no wait beyond the settle time.
 func TestCycleWait(t *testing.T) {
 	ms := time.Millisecond
 	for _, tc := range []struct {
-		sinceStart, took, minInterval, want time.Duration
+		sinceStart, minInterval, want time.Duration
 	}{
-		{sinceStart: 2 * ms, took: 1 * ms, minInterval: 50 * ms, want: 48 * ms},   // the interval
-		{sinceStart: 45 * ms, took: 1 * ms, minInterval: 50 * ms, want: 10 * ms},  // the settle time
-		{sinceStart: 200 * ms, took: 1 * ms, minInterval: 50 * ms, want: 10 * ms}, // idle: the settle time
-		{sinceStart: 2 * ms, took: 1 * ms, minInterval: 5 * ms, want: 5 * ms},     // a short interval settles for as long
-		{sinceStart: 8 * ms, took: 1 * ms, minInterval: 5 * ms, want: 5 * ms},
-		{sinceStart: 30 * ms, took: 30 * ms, minInterval: 5 * ms, want: 30 * ms},  // a slow cycle: half the time
-		{sinceStart: 80 * ms, took: 40 * ms, minInterval: 50 * ms, want: 10 * ms}, // ...already waited
+		{sinceStart: 2 * ms, minInterval: 50 * ms, want: 48 * ms},   // the interval
+		{sinceStart: 45 * ms, minInterval: 50 * ms, want: 10 * ms},  // the settle time
+		{sinceStart: 800 * ms, minInterval: 50 * ms, want: 10 * ms}, // after a long cycle, or idle
+		{sinceStart: 2 * ms, minInterval: 5 * ms, want: 5 * ms},     // a short interval settles for as long
+		{sinceStart: 1 * ms, minInterval: 20 * ms, want: 19 * ms},
+		{sinceStart: 15 * ms, minInterval: 20 * ms, want: 10 * ms},
 	} {
-		if got := cycleWait(tc.sinceStart, tc.took, tc.minInterval); got != tc.want {
-			t.Errorf("cycleWait(since %s, took %s, interval %s) = %s, want %s", tc.sinceStart, tc.took, tc.minInterval, got, tc.want)
+		if got := cycleWait(tc.sinceStart, tc.minInterval); got != tc.want {
+			t.Errorf("cycleWait(since %s, interval %s) = %s, want %s", tc.sinceStart, tc.minInterval, got, tc.want)
 		}
 	}
 }

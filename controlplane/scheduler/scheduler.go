@@ -70,8 +70,8 @@ type Options struct {
 	GPUDrivers []string
 	// Period between cycles when nothing triggers one. Default 1s.
 	Period time.Duration
-	// MinCycleInterval keeps cycles that events trigger at least this far apart (and at least
-	// twice the last cycle's duration: cycleWait). Default 50ms.
+	// MinCycleInterval keeps the starts of cycles that events trigger at least this far apart
+	// (cycleWait). Default 50ms.
 	MinCycleInterval time.Duration
 	// Parallelism of API writes within a commit, gangs committed at once, and status
 	// writers. Default 16.
@@ -410,14 +410,13 @@ func (s *Scheduler) lead(ctx context.Context) error {
 	for {
 		last := s.clock.Now()
 		s.cycle(ctx)
-		took := s.clock.Since(last)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-s.trigger:
 			// Let a burst of events settle into one cycle, and keep cycles apart so that a
 			// stream of events cannot keep the scheduler busy rebuilding snapshots.
-			wait := cycleWait(s.clock.Since(last), took, s.opts.MinCycleInterval)
+			wait := cycleWait(s.clock.Since(last), s.opts.MinCycleInterval)
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
