@@ -12,10 +12,11 @@ import (
 // once per process).
 func TestBadFlagsAreNamed(t *testing.T) {
 	for args, want := range map[string]string{
-		"--max-tries=0":    "--max-tries must be positive",
-		"--parallelism=0":  "--parallelism must be positive",
-		"--joint-steps=0":  "--joint-steps must be positive",
-		"--kube-api-qps=0": "--kube-api-qps and --kube-api-burst must be positive",
+		"--max-tries=0":          "--max-tries must be positive",
+		"--parallelism=0":        "--parallelism must be positive",
+		"--joint-steps=0":        "--joint-steps must be positive",
+		"--min-cycle-interval=0": "--min-cycle-interval must be positive",
+		"--kube-api-qps=0":       "--kube-api-qps and --kube-api-burst must be positive",
 		"--leader-elect-lease-duration=1s --leader-elect-renew-deadline=2s": "--leader-elect-lease-duration (1s) must be longer",
 		"--kubeconfig=/does/not/exist":                                      `--kubeconfig "/does/not/exist"`,
 		"--shadow --shadow-deadlock-after=0":                                "--shadow-deadlock-after must be positive",
