@@ -269,22 +269,40 @@ func BenchmarkSnapshot(b *testing.B) {
 // the process's peak resident set (VmHWM, rss-peak-MiB; the test binary's, which includes
 // the benchmark harness). The objects are built in-process, so an informer's indexes are not
 // counted; the decoded variants hold the slices as an informer does (decoded from protobuf,
-// with managedFields), without and with the scheduler's informer transform.
+// with managedFields), without and with the scheduler's informer transform. The
+// partitionable-mig variants publish fixture.PartitionableSlices (4 attributes per MIG
+// device, two counters per GPU: smaller than real); the agent-mig variants publish what
+// tessera-node publishes for a DGX H100 with every GPU in dynamic MIG (agentMIGSlices).
 func BenchmarkSchedulerMemory(b *testing.B) {
 	for _, v := range []struct {
 		name          string
 		partitionable bool
 		slices        sliceForm
+		// agent: each node's slices as the node agent builds them (agentMIGSlices)
+		// rather than fixture.PartitionableSlices.
+		agent bool
 	}{
-		{"whole", false, inProcess},
-		{"partitionable-mig", true, inProcess},
-		{"partitionable-mig/decoded", true, decodedSlices},
-		{"partitionable-mig/decoded/transform", true, transformedSlices},
+		{"whole", false, inProcess, false},
+		{"partitionable-mig", true, inProcess, false},
+		{"partitionable-mig/decoded", true, decodedSlices, false},
+		{"partitionable-mig/decoded/transform", true, transformedSlices, false},
+		{"agent-mig/decoded", true, decodedSlices, true},
+		{"agent-mig/decoded/transform", true, transformedSlices, true},
 	} {
 		b.Run(fmt.Sprintf("nodes=5000/pods=40000/%s", v.name), func(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				in := clusterWith(5000, v.partitionable, 8)
-				in.Slices = asInformerHolds(b, in.Slices, v.slices)
+				tr := informerset.NewSliceTransform()
+				if v.agent {
+					// Node by node, so that only one node's in-process slices are
+					// alive beside the informer's copies.
+					in.Slices = nil
+					for _, n := range in.Nodes {
+						in.Slices = append(in.Slices, asInformerHolds(b, agentMIGSlices(b, n.Name), v.slices, tr)...)
+					}
+				} else {
+					in.Slices = asInformerHolds(b, in.Slices, v.slices, tr)
+				}
 				runtime.GC()
 				cache := snapshot.NewCache()
 				cfg := snapshot.Config{Features: features, CELCache: snapshot.NewCELCache(features), Cache: cache, PodInfos: filters.NewPodInfoCache()}
@@ -330,11 +348,12 @@ const (
 	transformedSlices
 )
 
-func asInformerHolds(b *testing.B, in []*resourceapi.ResourceSlice, form sliceForm) []*resourceapi.ResourceSlice {
+// asInformerHolds returns in as form says an informer holds it; tr is the informer's
+// transform (one for all of a cluster's slices, as the scheduler has one).
+func asInformerHolds(b *testing.B, in []*resourceapi.ResourceSlice, form sliceForm, tr *informerset.SliceTransform) []*resourceapi.ResourceSlice {
 	if form == inProcess {
 		return in
 	}
-	tr := informerset.NewSliceTransform()
 	out := make([]*resourceapi.ResourceSlice, len(in))
 	for i, s := range in {
 		s.ManagedFields = []metav1.ManagedFieldsEntry{{
