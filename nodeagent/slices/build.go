@@ -169,6 +169,11 @@ func Build(in Input) Result {
 					continue
 				}
 				d := migDevice(in.Node, g, *p, inst.Placement, inst.Profile)
+				// A static MIG device consumes no counters (its GPU publishes no
+				// counter set): its placement size over the parent's slice count
+				// prices it in GPU units (contract.DeviceUnits).
+				d.Attributes[contract.AttrPlacementSize] = integer(inst.Placement.Size)
+				d.Attributes[contract.AttrParentMemorySlices] = integer(g.MemorySlices)
 				if inst.UUID != "" {
 					d.Attributes["uuid"] = str(inst.UUID)
 				}
@@ -487,15 +492,27 @@ func dynamicMIG(n *discovery.Node, g *discovery.GPU, profiles []discovery.MigPro
 	return cs, whole, migs
 }
 
+// MaxDynamicMIGAttributes is the most attributes a dynamic MIG device carries.
+//
+// Every component that watches ResourceSlices (tessera-scheduler, the kube-scheduler)
+// holds each device's attribute map, and dynamic MIG publishes 25 devices per H100: on
+// 5,000 such nodes a million maps. A Go map holds up to 14 entries in two groups of 8
+// slots; the 15th doubles it to four. With a 128-byte DeviceAttribute a map of 9 to 14
+// entries keeps 2.8 KB and one of 15 keeps 5.0 KB (BenchmarkAttributeMap): 4.7 GB of the
+// scheduler's heap at that size (docs/benchmarks.md). A dynamic MIG device therefore does
+// not carry what its counters already say: placementSize and parentMemorySlices (the
+// memory-slice counters it consumes are its placement, and contract.DeviceUnits prices it
+// by them); a static MIG device, which consumes no counters, carries both.
+const MaxDynamicMIGAttributes = 14
+
+// migDevice is a MIG device of profile p at placement pl: the attributes of its GPU, the
+// parent UUID, the profile and the placement start. Static MIG adds the placement size and
+// the parent's slice count (see MaxDynamicMIGAttributes).
 func migDevice(n *discovery.Node, g *discovery.GPU, p discovery.MigProfile, pl discovery.Placement, profileName string) resourceapi.Device {
 	a := gpuAttributes(n, g, contract.TypeMIG)
 	a[contract.AttrParentUUID] = str(g.UUID)
 	a[contract.AttrProfile] = str(profileName)
 	a[contract.AttrPlacementStart] = integer(pl.Start)
-	a[contract.AttrPlacementSize] = integer(pl.Size)
-	// With the parent's slice count a MIG device is priced in GPU units
-	// without counters (static MIG: contract.DeviceUnits).
-	a[contract.AttrParentMemorySlices] = integer(g.MemorySlices)
 	d := resourceapi.Device{
 		Name:       devicename.MIG(g.Minor, profileName, pl.Start),
 		Attributes: a,

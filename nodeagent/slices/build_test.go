@@ -292,3 +292,88 @@ func TestDevicePluginGPUsAreNotPublished(t *testing.T) {
 		t.Errorf("counts %+v, want 2 whole GPUs (0 and the dynamic-MIG 2)", res.Counts)
 	}
 }
+
+// TestMIGDeviceAttributes: a dynamic MIG device carries at most MaxDynamicMIGAttributes
+// (on a machine where every optional GPU attribute resolves, PCIe root included), without
+// the placement size and parent slice count its counters already say, and is priced the
+// same by its counters; a static MIG device, which consumes no counters, carries both and
+// is priced by them.
+func TestMIGDeviceAttributes(t *testing.T) {
+	node, plan := setup(t, "mock:dgxh100?gpus=1", "default: {gpus: [{mode: dynamicMIG}]}")
+	g := &node.GPUs[0]
+	if g.PCIBusID == "" {
+		t.Fatal("the mock reports no PCI bus ID")
+	}
+	g.PCIeRoot = "pci0000:15" // as sysfs resolves it on a real machine
+	res := slices.Build(slices.Input{Node: node, Plan: plan, Features: slices.AllFeatures})
+	var pool []*resourceapi.ResourceSlice
+	for _, s := range res.Pool.Slices {
+		pool = append(pool, &resourceapi.ResourceSlice{Spec: resourceapi.ResourceSliceSpec{
+			Driver: contract.DriverName, Pool: resourceapi.ResourcePool{Name: "n"}, Devices: s.Devices, SharedCounters: s.SharedCounters,
+		}})
+	}
+	costs := contract.Costs(pool)
+	migs := 0
+	for _, d := range allDevices(res) {
+		if contract.TypeOf(&d) != contract.TypeMIG {
+			continue
+		}
+		migs++
+		if len(d.Attributes) > slices.MaxDynamicMIGAttributes {
+			t.Errorf("dynamic MIG device %s carries %d attributes, more than %d", d.Name, len(d.Attributes), slices.MaxDynamicMIGAttributes)
+		}
+		for _, a := range []resourceapi.QualifiedName{contract.AttrPlacementSize, contract.AttrParentMemorySlices} {
+			if _, ok := d.Attributes[a]; ok {
+				t.Errorf("dynamic MIG device %s carries %s", d.Name, a)
+			}
+		}
+		for _, a := range []resourceapi.QualifiedName{contract.AttrParentUUID, contract.AttrProfile, contract.AttrPlacementStart, contract.AttrPCIeRoot} {
+			if _, ok := d.Attributes[a]; !ok {
+				t.Errorf("dynamic MIG device %s lacks %s", d.Name, a)
+			}
+		}
+		target, err := node.Lookup(d.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := float64(target.Placement.Size) / float64(g.MemorySlices)
+		if got := costs[contract.DeviceRef{Driver: contract.DriverName, Pool: "n", Device: d.Name}].Units; got != want {
+			t.Errorf("dynamic MIG device %s costs %v GPU, want %v", d.Name, got, want)
+		}
+	}
+	if migs == 0 {
+		t.Fatal("no dynamic MIG devices")
+	}
+
+	// Static MIG: a 3g.40gb at slices 4-7 and a 1g.10gb at slice 0.
+	three, _ := g.Profile("3g.40gb")
+	one, _ := g.Profile("1g.10gb")
+	g.MigInstances = []discovery.MigInstance{
+		{Profile: three.Name, GIProfileID: three.GIProfileID, Placement: discovery.Placement{Start: 4, Size: 4}, UUID: "MIG-a"},
+		{Profile: one.Name, GIProfileID: one.GIProfileID, Placement: discovery.Placement{Start: 0, Size: 1}, UUID: "MIG-b"},
+	}
+	static := &partition.Plan{GPUs: []partition.GPUPlan{{Index: g.Index, UUID: g.UUID, Mode: partition.ModeStaticMIG}}}
+	res = slices.Build(slices.Input{Node: node, Plan: static, Features: slices.AllFeatures})
+	pool = pool[:0]
+	for _, s := range res.Pool.Slices {
+		pool = append(pool, &resourceapi.ResourceSlice{Spec: resourceapi.ResourceSliceSpec{Driver: contract.DriverName, Pool: resourceapi.ResourcePool{Name: "n"}, Devices: s.Devices}})
+	}
+	costs = contract.Costs(pool)
+	want := map[string]float64{"MIG-a": 0.5, "MIG-b": 0.125}
+	devs := allDevices(res)
+	if len(devs) != 2 {
+		t.Fatalf("static MIG published %d devices, want 2", len(devs))
+	}
+	for _, d := range devs {
+		uuid := contract.StringAttr(&d, contract.AttrUUID)
+		if size, ok := contract.IntAttr(&d, contract.AttrPlacementSize); !ok || (uuid == "MIG-a") != (size == 4) {
+			t.Errorf("static MIG device %s: placementSize %d %v", d.Name, size, ok)
+		}
+		if n, ok := contract.IntAttr(&d, contract.AttrParentMemorySlices); !ok || n != int64(g.MemorySlices) {
+			t.Errorf("static MIG device %s: parentMemorySlices %d %v", d.Name, n, ok)
+		}
+		if got := costs[contract.DeviceRef{Driver: contract.DriverName, Pool: "n", Device: d.Name}].Units; got != want[uuid] {
+			t.Errorf("static MIG device %s (%s) costs %v GPU, want %v", d.Name, uuid, got, want[uuid])
+		}
+	}
+}
