@@ -11,6 +11,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/contract"
+	"github.com/tessera-gpu/tessera/controlplane/informerset"
+	"github.com/tessera-gpu/tessera/controlplane/snapshot"
 	"github.com/tessera-gpu/tessera/nodeagent/discovery"
 	"github.com/tessera-gpu/tessera/nodeagent/nvmlbackend"
 	"github.com/tessera-gpu/tessera/nodeagent/partition"
@@ -55,4 +57,16 @@ func agentMIGSlices(b testing.TB, node string) []*resourceapi.ResourceSlice {
 		})
 	}
 	return out
+}
+
+// agentCluster is cluster(nodes, true) with each node's slices those of agentMIGSlices, as
+// the scheduler's informer holds them (decoded from protobuf, through its transform).
+func agentCluster(b *testing.B, nodes int) snapshot.Input {
+	in := cluster(nodes, true)
+	tr := informerset.NewSliceTransform()
+	in.Slices = nil
+	for _, n := range in.Nodes {
+		in.Slices = append(in.Slices, asInformerHolds(b, agentMIGSlices(b, n.Name), transformedSlices, tr)...)
+	}
+	return in
 }

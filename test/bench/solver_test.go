@@ -137,7 +137,11 @@ func (d devices) String() string {
 func noRunAhead(c *solver.Config) { c.NoRunAhead = true }
 
 func benchSolve(b *testing.B, nodes, pods int, partitionable bool, topology []string, plugins []string, dev devices, opts ...func(*solver.Config)) {
-	in := cluster(nodes, partitionable)
+	benchSolveOn(b, cluster(nodes, partitionable), pods, topology, plugins, dev, opts...)
+}
+
+// benchSolveOn is benchSolve on the cluster in.
+func benchSolveOn(b *testing.B, in snapshot.Input, pods int, topology []string, plugins []string, dev devices, opts ...func(*solver.Config)) {
 	cfg := snapshot.Config{Features: features, AllDevices: dev == all}
 	snap := snapshot.New(in, cfg)
 	scfg := solver.Config{TopologyKeys: topology, Filters: newFilters(b, plugins)}
@@ -209,6 +213,11 @@ func BenchmarkSolve(b *testing.B) {
 				benchSolve(b, 1000, pods, true, nil, v.plugins, preselected, noRunAhead)
 			})
 		}
+		// MIG as tessera-node publishes it (agentMIGSlices: every attribute, a counter per
+		// memory slice), held as the scheduler's informer holds it (decoded, transformed).
+		b.Run(fmt.Sprintf("gang=64/nodes=1000/agent-mig/filters=%s/devices=preselected", v.name), func(b *testing.B) {
+			benchSolveOn(b, agentCluster(b, 1000), 64, nil, v.plugins, preselected)
+		})
 		// 5,000 nodes: the whole-GPU goal, and MIG beside it.
 		b.Run(fmt.Sprintf("gang=64/nodes=5000/whole/filters=%s", v.name), func(b *testing.B) { benchSolve(b, 5000, 64, false, nil, v.plugins, preselected) })
 		b.Run(fmt.Sprintf("gang=64/nodes=5000/partitionable-mig/filters=%s/devices=preselected", v.name), func(b *testing.B) { benchSolve(b, 5000, 64, true, nil, v.plugins, preselected) })
