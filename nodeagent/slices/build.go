@@ -498,7 +498,7 @@ func dynamicMIG(n *discovery.Node, g *discovery.GPU, profiles []discovery.MigPro
 // holds each device's attribute map, and dynamic MIG publishes 25 devices per H100: on
 // 5,000 such nodes a million maps. A Go map holds up to 14 entries in two groups of 8
 // slots; the 15th doubles it to four. With a 128-byte DeviceAttribute a map of 9 to 14
-// entries keeps 2.8 KB and one of 15 keeps 5.0 KB (BenchmarkAttributeMap): 4.7 GB of the
+// entries keeps 2.8 KB and one of 15 keeps 5.0 KB (BenchmarkAttributeMap): 4.8 GB of the
 // scheduler's heap at that size (docs/benchmarks.md). A dynamic MIG device therefore does
 // not carry what its counters already say: placementSize and parentMemorySlices (the
 // memory-slice counters it consumes are its placement, and contract.DeviceUnits prices it

@@ -360,13 +360,14 @@ func TestMIGDeviceAttributes(t *testing.T) {
 	}
 	costs = contract.Costs(pool)
 	want := map[string]float64{"MIG-a": 0.5, "MIG-b": 0.125}
+	wantSize := map[string]int64{"MIG-a": 4, "MIG-b": 1}
 	devs := allDevices(res)
 	if len(devs) != 2 {
 		t.Fatalf("static MIG published %d devices, want 2", len(devs))
 	}
 	for _, d := range devs {
 		uuid := contract.StringAttr(&d, contract.AttrUUID)
-		if size, ok := contract.IntAttr(&d, contract.AttrPlacementSize); !ok || (uuid == "MIG-a") != (size == 4) {
+		if size, ok := contract.IntAttr(&d, contract.AttrPlacementSize); !ok || size != wantSize[uuid] {
 			t.Errorf("static MIG device %s: placementSize %d %v", d.Name, size, ok)
 		}
 		if n, ok := contract.IntAttr(&d, contract.AttrParentMemorySlices); !ok || n != int64(g.MemorySlices) {

@@ -24,8 +24,8 @@ import (
 // UUIDs as real nodes do) with every GPU in dynamic MIG, built by slices.Build exactly as
 // tessera-node builds them. Unlike fixture.PartitionableSlices (4 attributes per MIG device,
 // one memory and one compute counter per GPU), these carry every attribute the node agent
-// publishes (16 on a MIG device) and a counter per memory slice: the size a real cluster's
-// informer holds.
+// publishes (13 on the mock's MIG devices, 14 where sysfs resolves pcieRoot) and a counter
+// per memory slice: the size a real cluster's informer holds.
 func agentMIGSlices(b testing.TB, node string) []*resourceapi.ResourceSlice {
 	b.Helper()
 	cfg, err := partition.Parse([]byte("default:\n  gpus:\n  - mode: dynamicMIG\n"))
