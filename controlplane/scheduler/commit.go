@@ -193,7 +193,7 @@ func (c *committer) commit(ctx context.Context, p *decide.Placement) (*commitRes
 		return &commitResult{unreleased: c.undo(ctx, writes, nil)}, err
 	}
 	// Bind; complete a partial binding within one period, else roll it back.
-	bound, bindErr := c.bindAll(ctx, res)
+	bound, unknown, bindErr := c.bindAll(ctx, res)
 	out.bound = bound
 	if bindErr == nil {
 		return out, nil
@@ -218,20 +218,34 @@ func (c *committer) commit(ctx context.Context, p *decide.Placement) (*commitRes
 		}
 		boundSet = nil
 	}
+	// A binding sent when the scheduler was told to stop may still be applied by the API
+	// server after the read that found its pod unbound: releasing that pod's claims could
+	// leave a bound pod without its devices. They are left as written, for the recovery at
+	// the start of the next term (recover.go), which reads what happened: a claim reserved
+	// for a pod that is not bound is rolled back there, one of a bound pod kept.
+	if len(unknown) > 0 {
+		if boundSet == nil {
+			boundSet = map[*v1.Pod]bool{}
+		}
+		for _, pod := range unknown {
+			boundSet[pod] = true
+		}
+		logger.Info("Binding interrupted by a stop; the claims of its pods are left to recovery", "podGroup", p.Key, "pods", len(unknown))
+	}
 	logger.Info("Binding failed, undoing claims of unbound pods", "err", bindErr, "bound", len(bound), "pods", len(res.Placements))
 	out.unreleased = c.undo(ctx, writes, boundSet)
 	return out, bindErr
 }
 
 // bindAll binds every pod; bindings that fail with an error that may pass (not a pod that
-// is gone) are retried until the completion window has passed.
-func (c *committer) bindAll(ctx context.Context, res *solver.Result) ([]*v1.Pod, error) {
+// is gone) are retried until the completion window has passed. unknown are the pods whose
+// binding was cut short by ctx ending: the API server may have applied it or may yet.
+func (c *committer) bindAll(ctx context.Context, res *solver.Result) (bound, unknown []*v1.Pod, _ error) {
 	deadline := c.clock.Now().Add(c.completionWindow())
 	todo := make([]*solver.Placement, 0, len(res.Placements))
 	for i := range res.Placements {
 		todo = append(todo, &res.Placements[i])
 	}
-	var bound []*v1.Pod
 	backoff := 50 * time.Millisecond
 	for attempt := 0; ; attempt++ {
 		sem := make(chan struct{}, c.parallelism)
@@ -251,6 +265,9 @@ func (c *committer) bindAll(ctx context.Context, res *solver.Result) ([]*v1.Pod,
 				if err != nil {
 					failed = append(failed, pl)
 					lastErr = fmt.Errorf("bind pod %s to %s: %w", klog.KObj(pl.Pod), pl.Node, err)
+					if ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+						unknown = append(unknown, pl.Pod)
+					}
 					if apierrors.IsNotFound(err) || apierrors.IsInvalid(err) {
 						final = true // the pod is gone or the binding can never be valid
 					}
@@ -261,14 +278,15 @@ func (c *committer) bindAll(ctx context.Context, res *solver.Result) ([]*v1.Pod,
 		}
 		wg.Wait()
 		if len(failed) == 0 {
-			return bound, nil
+			return bound, nil, nil
 		}
 		if final || ctx.Err() != nil || !c.clock.Now().Add(backoff).Before(deadline) {
-			return bound, lastErr
+			return bound, unknown, lastErr
 		}
+		unknown = nil
 		select {
 		case <-ctx.Done():
-			return bound, lastErr
+			return bound, nil, lastErr
 		case <-c.clock.After(backoff):
 		}
 		backoff = min(2*backoff, time.Second)
@@ -290,10 +308,15 @@ func (c *committer) bind(ctx context.Context, pl *solver.Placement, attempt int)
 		return err
 	}
 	// The API server may have applied a binding whose answer was lost (a 500 from a load
-	// balancer, a cut connection); a retry of it then gets 409 "already assigned". A pod bound
-	// to this node is bound: counting it unbound would roll back a gang that runs and release
-	// the claims of a pod that holds its devices.
-	pod, gerr := c.client.CoreV1().Pods(pl.Pod.Namespace).Get(ctx, pl.Pod.Name, metav1.GetOptions{})
+	// balancer, a cut connection, the scheduler told to stop while the answer was on its
+	// way); a retry of it then gets 409 "already assigned". A pod bound to this node is
+	// bound: counting it unbound would roll back a gang that runs and release the claims of
+	// a pod that holds its devices. The read outlives a stop for that reason: with the
+	// cancelled context it would fail, and the undo (which does run after a stop) would
+	// release the claims of a bound pod for the next scheduler to give away.
+	readCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	pod, gerr := c.client.CoreV1().Pods(pl.Pod.Namespace).Get(readCtx, pl.Pod.Name, metav1.GetOptions{})
 	if gerr == nil && pod.UID == pl.Pod.UID && pod.Spec.NodeName == pl.Node {
 		klog.FromContext(ctx).V(2).Info("Binding failed but the pod is bound to its node: the answer was lost", "pod", klog.KObj(pl.Pod), "node", pl.Node, "err", err)
 		return nil
