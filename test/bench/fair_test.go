@@ -46,6 +46,7 @@ var (
 	fairStall     = flag.Duration("fair-stall", time.Minute, "a run of BenchmarkFair ends when no pod has been bound for this long; the pods left are reported as pending")
 	fairTessera   = flag.String("fair-tessera-args", "", "more flags of tessera-scheduler in BenchmarkFair, space-separated (e.g. '--min-cycle-interval=10ms'); the results say which")
 	fairProfile   = flag.String("fair-cpu-profile", "", "a directory: each tessera run of the churn scenario writes a CPU profile of tessera-scheduler over its churn phase there (from its /debug/pprof, served on plain HTTP on loopback for it)")
+	fairLogDir    = flag.String("fair-log-dir", "", "a directory where the schedulers' logs are kept (<scenario>-run<N>-<scheduler>[-init].log); without it they are removed with the run")
 )
 
 // BenchmarkFair measures equal-semantics pairs and scheduler_perf's shapes fairly, each a
@@ -300,13 +301,21 @@ func fairRun(b *testing.B, env *fairEnv, sc scenario, which string, run int) fai
 	}
 	tr := newTracker(b, kube, ns)
 	defer tr.stop()
-	dir := b.TempDir()
 	label := fmt.Sprintf("run %d %s %s", run, sc.name, which)
+	logPath := func(suffix string) string {
+		if *fairLogDir == "" {
+			return filepath.Join(b.TempDir(), which+suffix+".log")
+		}
+		if err := os.MkdirAll(*fairLogDir, 0o755); err != nil {
+			b.Fatal(err)
+		}
+		return filepath.Join(*fairLogDir, fmt.Sprintf("%s-run%d-%s%s.log", sc.name, run, which, suffix))
+	}
 
 	if sc.init != nil {
 		init := sc.init(nodes)
 		createGangs(ctx, b, kube, ns, which, "init", "i", init)
-		p := startScheduler(b, env, sc, which, cp.KubeconfigPath, filepath.Join(dir, which+"-init.log"))
+		p := startScheduler(b, env, sc, which, cp.KubeconfigPath, logPath("-init"))
 		if _, _, pending := tr.measure(ctx, b, p, "init", len(init), label+" (init)"); pending > 0 {
 			p.stop()
 			b.Fatalf("%s: %d of %d init pods not bound (log %s)", label, pending, len(init), p.log)
@@ -320,7 +329,7 @@ func fairRun(b *testing.B, env *fairEnv, sc scenario, which string, run int) fai
 	}
 	res := fairResult{load: loadAverage(), pods: podsOf(batch)}
 	reads0, writes0 := apiRequests(ctx, b, kube)
-	p := startScheduler(b, env, sc, which, cp.KubeconfigPath, filepath.Join(dir, which+".log"))
+	p := startScheduler(b, env, sc, which, cp.KubeconfigPath, logPath(""))
 	defer p.stop()
 
 	switch {
@@ -353,9 +362,13 @@ func fairRun(b *testing.B, env *fairEnv, sc scenario, which string, run int) fai
 	if sc.rackSize > 0 {
 		rack = rackLabel
 	}
-	res.quality = measureQuality(ctx, b, kube, ns, nodes, rack)
-	if q := res.quality; q.doubleAllocations > 0 || q.partialGangs > 0 || q.topologyViolations > 0 {
-		b.Errorf("%s: placement violates the semantics: %s", label, q)
+	initPods := 0
+	if sc.init != nil && !sc.churn {
+		initPods = podsOf(sc.init(nodes))
+	}
+	res.quality = measureQuality(ctx, b, kube, ns, nodes, rack, initPods)
+	if q := res.quality; q.doubleAllocations > 0 || q.partialGangs > 0 || q.topologyViolations > 0 || q.initDisturbed > 0 {
+		b.Errorf("%s: placement violates the semantics: %s; init pods disturbed: %v (log %s)", label, q, q.disturbed, p.log)
 	}
 	if sc.unfit && res.pending != res.pods {
 		b.Errorf("%s: %d pods of gangs that cannot fit were bound", label, res.pods-res.pending)
