@@ -78,6 +78,12 @@ type deviceView struct {
 	slices []*resourceapi.ResourceSlice
 	// kept are the devices in the view, for the check that in-use devices are in it.
 	kept sets.Set[structured.DeviceID]
+	// answered: the claims have one alternative, whose selectors evaluated without error on
+	// every device, and every device of the view matches it except those in unmatched (kept
+	// for their binding conditions). Where those are in use, the selectors are answered for
+	// every device the allocator can select (see elide.go).
+	answered  bool
+	unmatched []structured.DeviceID
 }
 
 func newNodeDevices(slices []*resourceapi.ResourceSlice, features structured.Features) *nodeDevices {
@@ -225,18 +231,20 @@ func (s *Snapshot) devicesFor(ni *NodeInfo) *nodeDevices {
 }
 
 // restrictedSlices returns the node's slices as the allocator should see them for claims,
-// given the devices in use (allocated state plus the gang's tentative results on the node).
-func (s *Snapshot) restrictedSlices(ctx context.Context, ni *NodeInfo, state *structured.AllocatedState, extra []resourceapi.AllocationResult, claims []*resourceapi.ResourceClaim) []*resourceapi.ResourceSlice {
+// given the devices in use (allocated state plus the gang's tentative results on the node),
+// and whether every device of them that the allocator can select for the claims is known to
+// match their selectors (answered: the selectors may be elided, elide.go).
+func (s *Snapshot) restrictedSlices(ctx context.Context, ni *NodeInfo, state *structured.AllocatedState, extra []resourceapi.AllocationResult, claims []*resourceapi.ResourceClaim) (_ []*resourceapi.ResourceSlice, answered bool) {
 	if len(ni.Slices) == 0 || s.cfg.AllDevices {
-		return ni.Slices
+		return ni.Slices, false
 	}
 	nd := s.devicesFor(ni)
 	if !nd.restrictable {
-		return ni.Slices
+		return ni.Slices, false
 	}
 	alts, key, ok := s.alternatives(claims)
 	if !ok {
-		return ni.Slices
+		return ni.Slices, false
 	}
 	nd.mu.Lock()
 	defer nd.mu.Unlock()
@@ -276,8 +284,14 @@ func (s *Snapshot) restrictedSlices(ctx context.Context, ni *NodeInfo, state *st
 			check(structured.MakeDeviceID(r.Driver, r.Pool, r.Device))
 		}
 	}
+	// The allocator skips a device in AllocatedDevices before it evaluates selectors, so a
+	// kept device that does not match is harmless there and nowhere else.
+	answered = view.answered && !s.cfg.NoElision && elidable(claims)
+	for _, id := range view.unmatched {
+		answered = answered && state.AllocatedDevices.Has(id)
+	}
 	if len(missing) == 0 {
-		return view.slices
+		return view.slices, answered
 	}
 	// Devices in use that the view lacks (rare: a gang of several shapes, devices allocated
 	// for another class): this call gets the view plus them. Ids that are no device of the
@@ -288,17 +302,20 @@ func (s *Snapshot) restrictedSlices(ctx context.Context, ni *NodeInfo, state *st
 	pos := 0
 	for _, sl := range nd.slices {
 		for i := range sl.Spec.Devices {
-			if !keep[pos] && inUse.Has(structured.MakeDeviceID(sl.Spec.Driver, sl.Spec.Pool.Name, sl.Spec.Devices[i].Name)) {
+			if id := structured.MakeDeviceID(sl.Spec.Driver, sl.Spec.Pool.Name, sl.Spec.Devices[i].Name); !keep[pos] && inUse.Has(id) {
 				keep[pos] = true
 				added = true
+				// Added because it is in use; selectable again if it is not in
+				// AllocatedDevices (a shared device), and it does not match.
+				answered = answered && state.AllocatedDevices.Has(id)
 			}
 			pos++
 		}
 	}
 	if !added {
-		return view.slices
+		return view.slices, answered
 	}
-	return restrict(nd.slices, keep)
+	return restrict(nd.slices, keep), answered
 }
 
 // buildView evaluates the alternatives on every device of the node (once per alternative)
@@ -326,11 +343,20 @@ func (nd *nodeDevices) buildView(ctx context.Context, cache *cel.Cache, alts []a
 		}
 	}
 	v := &deviceView{keep: keep, slices: restrict(nd.slices, keep), kept: sets.New[structured.DeviceID]()}
+	var only []bool // the matches of the one alternative, if there is one without errors
+	if len(alts) == 1 && !nd.failed[alts[0].key] {
+		only = nd.matches[alts[0].key]
+		v.answered = true
+	}
 	pos = 0
 	for _, sl := range nd.slices {
 		for i := range sl.Spec.Devices {
 			if keep[pos] {
-				v.kept.Insert(structured.MakeDeviceID(sl.Spec.Driver, sl.Spec.Pool.Name, sl.Spec.Devices[i].Name))
+				id := structured.MakeDeviceID(sl.Spec.Driver, sl.Spec.Pool.Name, sl.Spec.Devices[i].Name)
+				v.kept.Insert(id)
+				if only != nil && !only[pos] {
+					v.unmatched = append(v.unmatched, id)
+				}
 			}
 			pos++
 		}

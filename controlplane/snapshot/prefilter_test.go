@@ -67,7 +67,7 @@ func classesWithAny() []*resourceapi.DeviceClass {
 func TestPreselectionSameAllocation(t *testing.T) {
 	ctx := context.Background()
 	r := rand.New(rand.NewSource(1))
-	var fits, noFit, failed, restricted, networked, rejected int
+	var fits, noFit, failed, restricted, networked, rejected, elided, elidedFits int
 	for round := 0; round < 300; round++ {
 		node := fmt.Sprintf("n%d", round)
 		in := Input{Nodes: []*v1.Node{fixture.Node(node, nil)}, Classes: classesWithAny()}
@@ -120,10 +120,18 @@ func TestPreselectionSameAllocation(t *testing.T) {
 			networked++
 		}
 		var claims []*resourceapi.ResourceClaim
+		same := r.Intn(2) == 0 // the pods of a gang on one node: claims of one shape
 		for i := 0; i < 1+r.Intn(3); i++ {
-			claims = append(claims, randomClaim(r, i))
+			c := randomClaim(r, i)
+			if same && i > 0 {
+				c = claims[0].DeepCopy()
+				c.Name, c.UID = fmt.Sprintf("c%d", i), types.UID(fmt.Sprintf("c%d", i))
+			}
+			claims = append(claims, c)
 		}
 		on := New(in, Config{Features: allFeatures})
+		// kept: pre-selection without selector elision (elide.go).
+		kept := New(in, Config{Features: allFeatures, NoElision: true})
 		off := New(in, Config{Features: allFeatures, AllDevices: true})
 		// base: neither pre-selection nor the count check (fit.go), the allocator alone.
 		base := New(in, Config{Features: allFeatures, AllDevices: true, NoFitCheck: true})
@@ -131,6 +139,10 @@ func TestPreselectionSameAllocation(t *testing.T) {
 			want, wa, werr := off.AllocateBounded(ctx, off.Node(node), extra, claims, 0)
 			got, ga, gerr := on.AllocateBounded(ctx, on.Node(node), extra, claims, 0)
 			bres, ba, berr := base.AllocateBounded(ctx, base.Node(node), extra, claims, 0)
+			kres, ka, kerr := kept.AllocateBounded(ctx, kept.Node(node), extra, claims, 0)
+			if fmt.Sprint(kerr) != fmt.Sprint(gerr) || !reflect.DeepEqual(kres, got) || ka != ga {
+				t.Fatalf("round %d: with selector elision %+v, %+v, %v; without %+v, %+v, %v", round, got, ga, gerr, kres, ka, kerr)
+			}
 			if fmt.Sprint(berr) != fmt.Sprint(gerr) || !reflect.DeepEqual(bres, got) {
 				t.Fatalf("round %d: with the count check %+v, %v; the allocator alone %+v, %v", round, got, gerr, bres, berr)
 			}
@@ -160,16 +172,29 @@ func TestPreselectionSameAllocation(t *testing.T) {
 				default:
 					fits++
 				}
-				if devices(on.restrictedSlices(ctx, on.Node(node), &on.Node(node).Allocated, extra, claims)) < devices(in.Slices) {
+				state := cloneAllocated(on.Node(node).Allocated)
+				for i := range extra {
+					for j := range extra[i].Devices.Results {
+						addResult(&state, &extra[i].Devices.Results[j], allFeatures.ConsumableCapacity)
+					}
+				}
+				shown, answered := on.restrictedSlices(ctx, on.Node(node), &state, extra, claims)
+				if devices(shown) < devices(in.Slices) {
 					restricted++
+				}
+				if answered && !on.HasSharedSlices() {
+					elided++
+					if gerr == nil && got != nil {
+						elidedFits++
+					}
 				}
 			}
 		}
 	}
 	// The cases must all occur, or the comparison proves little.
-	t.Logf("%d fit, %d do not (%d of them rejected by the count check), %d errors; %d with fewer devices shown, %d with network-attached GPUs", fits, noFit, rejected, failed, restricted, networked)
-	if fits < 30 || noFit < 30 || failed < 5 || restricted < 100 || networked < 30 || rejected < 10 || rejected == noFit {
-		t.Errorf("too few cases of some kind: %d fit, %d do not, %d errors, %d restricted", fits, noFit, failed, restricted)
+	t.Logf("%d fit, %d do not (%d of them rejected by the count check), %d errors; %d with fewer devices shown, %d with network-attached GPUs; %d with selectors elided (%d of them fit)", fits, noFit, rejected, failed, restricted, networked, elided, elidedFits)
+	if fits < 30 || noFit < 30 || failed < 5 || restricted < 100 || networked < 30 || rejected < 10 || rejected == noFit || elided < 50 || elidedFits < 10 {
+		t.Errorf("too few cases of some kind: %d fit, %d do not, %d errors, %d restricted, %d elided (%d fit)", fits, noFit, failed, restricted, elided, elidedFits)
 	}
 }
 
@@ -284,5 +309,46 @@ func TestPreselectionFollowsClassChanges(t *testing.T) {
 	}
 	if len(got) != 1 || got[0].Devices.Results[0].Device == "gpu-0" {
 		t.Errorf("after the class change the claim got %+v; want a MIG device", got)
+	}
+}
+
+// TestElisionLeavesUnmatchedDevicesOut: a device kept in the view only for its binding
+// conditions, that does not match the claims and is free, makes the allocator need the
+// selectors: elided, the MIG claim below would get that whole GPU once the MIG devices are
+// blocked by their GPUs being taken.
+func TestElisionLeavesUnmatchedDevicesOut(t *testing.T) {
+	ctx := context.Background()
+	node := "n0"
+	slices := fixture.PartitionableSlices(node, 2)
+	second := fixture.WholeGPUSlices(node, 1)[0]
+	second.Name, second.Spec.Pool.Name = node+"-second", node+"-second"
+	second.Spec.Devices[0].BindingConditions = []string{"ready"}
+	second.Spec.Devices[0].BindingFailureConditions = []string{"failed"}
+	in := Input{
+		Nodes:   []*v1.Node{fixture.Node(node, nil)},
+		Classes: fixture.DeviceClasses(),
+		Slices:  append(slices, second),
+		// Both partitionable GPUs taken whole: every MIG device matches but is blocked by
+		// its GPU's counters, which the count check does not know.
+		Claims: []*resourceapi.ResourceClaim{fixture.AllocatedClaim("busy", "busy", node, "gpu-0", "gpu-1")},
+	}
+	claims := []*resourceapi.ResourceClaim{fixture.MIGClaim("ns", "c0", "1g.10gb")}
+	on := New(in, Config{Features: allFeatures})
+	ni := on.Node(node)
+	got, a, err := on.AllocateBounded(ctx, ni, nil, claims, 0)
+	if err != nil || got != nil || a.Rejected {
+		t.Fatalf("MIG claim on a node without a free MIG device: %+v, %+v, %v; want no fit from the allocator", got, a, err)
+	}
+	if _, answered := on.restrictedSlices(ctx, ni, &ni.Allocated, nil, claims); answered {
+		t.Fatal("selectors answered with a free device in the view that does not match")
+	}
+
+	// The same device in use: it is skipped before selectors, so they are answered.
+	in.Claims = append(in.Claims, fixture.AllocatedClaim("busy", "busy2", node, "gpu-0"))
+	in.Claims[1].Status.Allocation.Devices.Results[0].Pool = node + "-second"
+	on = New(in, Config{Features: allFeatures})
+	ni = on.Node(node)
+	if _, answered := on.restrictedSlices(ctx, ni, &ni.Allocated, nil, claims); !answered {
+		t.Fatal("selectors not answered although the only unmatched device is in use")
 	}
 }

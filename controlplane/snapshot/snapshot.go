@@ -54,6 +54,10 @@ type Config struct {
 	// equivalence tests can compare both in one run. The decisions are the same; only the
 	// allocator steps taken differ.
 	NoFitCheck bool
+	// NoElision gives the allocator the claims' selectors even where pre-selection has
+	// already answered them (elide.go): kept so that benchmarks and equivalence tests can
+	// compare both in one run. The decisions and the allocator steps are the same.
+	NoElision bool
 }
 
 // Input is the raw state a snapshot is built from (informer listers, plus the scheduler's
@@ -472,11 +476,17 @@ func (s *Snapshot) AllocateBounded(ctx context.Context, ni *NodeInfo, extra []re
 	if s.cannotFit(ctx, ni, &state, claims) {
 		return nil, Allocation{Rejected: true}, nil
 	}
-	slices := s.restrictedSlices(ctx, ni, &state, extra, claims)
+	slices, answered := s.restrictedSlices(ctx, ni, &state, extra, claims)
+	var classes structured.DeviceClassLister = s.classes
+	if answered && len(s.sharedSlices) == 0 {
+		// Network-attached slices are not pre-selected, so their devices still need
+		// the selectors.
+		claims, classes = elideSelectors(claims, s.classes)
+	}
 	if len(s.sharedSlices) > 0 {
 		slices = append(append([]*resourceapi.ResourceSlice(nil), slices...), s.sharedSlices...)
 	}
-	alloc, err := structured.NewAllocator(ctx, s.features, state, s.classes, slices, s.celCache)
+	alloc, err := structured.NewAllocator(ctx, s.features, state, classes, slices, s.celCache)
 	if err != nil {
 		return nil, Allocation{}, fmt.Errorf("create allocator: %w", err)
 	}

@@ -127,10 +127,13 @@ const (
 	preselectedCold
 	// all: every device, as before pre-selection (snapshot.Config.AllDevices).
 	all
+	// preselectedNoElision: preselected, but the allocator still evaluates the selectors
+	// that pre-selection answered (snapshot.Config.NoElision), as before elide.go.
+	preselectedNoElision
 )
 
 func (d devices) String() string {
-	return [...]string{"preselected", "preselected-cold", "all"}[d]
+	return [...]string{"preselected", "preselected-cold", "all", "preselected-no-elision"}[d]
 }
 
 // noRunAhead turns the solver's run-ahead allocation off (a benchSolve option).
@@ -142,7 +145,7 @@ func benchSolve(b *testing.B, nodes, pods int, partitionable bool, topology []st
 
 // benchSolveOn is benchSolve on the cluster in.
 func benchSolveOn(b *testing.B, in snapshot.Input, pods int, topology []string, plugins []string, dev devices, opts ...func(*solver.Config)) {
-	cfg := snapshot.Config{Features: features, AllDevices: dev == all}
+	cfg := snapshot.Config{Features: features, AllDevices: dev == all, NoElision: dev == preselectedNoElision}
 	snap := snapshot.New(in, cfg)
 	scfg := solver.Config{TopologyKeys: topology, Filters: newFilters(b, plugins)}
 	for _, o := range opts {
@@ -205,7 +208,7 @@ func BenchmarkSolve(b *testing.B) {
 		b.Run(fmt.Sprintf("gang=64/nodes=1000/whole-all-devices/filters=%s", v.name), func(b *testing.B) { benchSolve(b, 1000, 64, false, nil, v.plugins, all) })
 		for _, pods := range []int{8, 64} {
 			b.Run(fmt.Sprintf("gang=%d/nodes=1000/whole/rack-topology/filters=%s", pods, v.name), func(b *testing.B) { benchSolve(b, 1000, pods, false, []string{"rack"}, v.plugins, preselected) })
-			for _, dev := range []devices{preselected, preselectedCold, all} {
+			for _, dev := range []devices{preselected, preselectedCold, all, preselectedNoElision} {
 				b.Run(fmt.Sprintf("gang=%d/nodes=1000/partitionable-mig/filters=%s/devices=%s", pods, v.name, dev), func(b *testing.B) { benchSolve(b, 1000, pods, true, nil, v.plugins, dev) })
 			}
 			// The same without run-ahead allocation (one allocator call per pod), in the same run.
@@ -215,9 +218,11 @@ func BenchmarkSolve(b *testing.B) {
 		}
 		// MIG as tessera-node publishes it (agentMIGSlices: every attribute, a counter per
 		// memory slice), held as the scheduler's informer holds it (decoded, transformed).
-		b.Run(fmt.Sprintf("gang=64/nodes=1000/agent-mig/filters=%s/devices=preselected", v.name), func(b *testing.B) {
-			benchSolveOn(b, agentCluster(b, 1000), 64, nil, v.plugins, preselected)
-		})
+		for _, dev := range []devices{preselected, preselectedNoElision} {
+			b.Run(fmt.Sprintf("gang=64/nodes=1000/agent-mig/filters=%s/devices=%s", v.name, dev), func(b *testing.B) {
+				benchSolveOn(b, agentCluster(b, 1000), 64, nil, v.plugins, dev)
+			})
+		}
 		// 5,000 nodes: the whole-GPU goal, and MIG beside it.
 		b.Run(fmt.Sprintf("gang=64/nodes=5000/whole/filters=%s", v.name), func(b *testing.B) { benchSolve(b, 5000, 64, false, nil, v.plugins, preselected) })
 		b.Run(fmt.Sprintf("gang=64/nodes=5000/partitionable-mig/filters=%s/devices=preselected", v.name), func(b *testing.B) { benchSolve(b, 5000, 64, true, nil, v.plugins, preselected) })
