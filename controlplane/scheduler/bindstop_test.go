@@ -148,8 +148,13 @@ func TestBindCutShortByStop(t *testing.T) {
 				Allocate: []solver.ClaimAllocation{{Claim: claim, Allocation: &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{
 					Results: []resourceapi.DeviceRequestAllocationResult{{Request: "gpu", Driver: contract.DriverName, Pool: "node-1", Device: "gpu-0"}}}}}},
 			}}}}
-			if _, err := c.commit(commitCtx, p); err == nil {
+			out, err := c.commit(commitCtx, p)
+			if err == nil {
 				t.Fatal("commit: no error; the binding was cut short")
+			}
+			// Left allocated in the API: the caller keeps it assumed as written.
+			if out == nil || len(out.unreleased) != 1 || out.unreleased[0].Name != "p-gpu" {
+				t.Errorf("commit result: %+v; want the claim handed back as still allocated", out)
 			}
 			if landed {
 				// The API server applies the binding after the scheduler read the pod.

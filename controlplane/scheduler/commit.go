@@ -234,6 +234,12 @@ func (c *committer) commit(ctx context.Context, p *decide.Placement) (*commitRes
 	}
 	logger.Info("Binding failed, undoing claims of unbound pods", "err", bindErr, "bound", len(bound), "pods", len(res.Placements))
 	out.unreleased = c.undo(ctx, writes, boundSet)
+	// Left allocated in the API, like claims whose undo failed: they stay assumed as written.
+	for _, w := range writes {
+		if w.written != nil && slices.Contains(unknown, w.pod) {
+			out.unreleased = append(out.unreleased, w.written)
+		}
+	}
 	return out, bindErr
 }
 
