@@ -26,6 +26,7 @@ import (
 // The fault kinds.
 const (
 	faultLeaderKill      = "kill -9 of the leading scheduler (mid-commit)"
+	faultLeaderStop      = "SIGTERM of the leading scheduler (mid-commit: a rolling update)"
 	faultAPIServer       = "kube-apiserver restart (kill -9)"
 	faultEtcd            = "etcd restart (kill -9)"
 	faultNodeKillPrepare = "kill -9 of tessera-node mid-prepare (MIG)"
@@ -40,7 +41,7 @@ const (
 	faultAPIApplied      = "API writes applied but answered 500 or cut (proxy)"
 )
 
-var faultKinds = []string{faultLeaderKill, faultAPIServer, faultEtcd, faultNodeKillPrepare, faultKillPrepWhole, faultKillPrepMPS, faultKillPrepTS, faultNodeKillUnprep,
+var faultKinds = []string{faultLeaderKill, faultLeaderStop, faultAPIServer, faultEtcd, faultNodeKillPrepare, faultKillPrepWhole, faultKillPrepMPS, faultKillPrepTS, faultNodeKillUnprep,
 	faultKubelet, faultNodeDelete, faultGPULost, faultAPIProxy, faultAPIApplied}
 
 // faultRecord is one injected fault.
@@ -119,7 +120,9 @@ func (in *injector) run(ctx context.Context) {
 func (in *injector) inject(ctx context.Context, kind string, rec *faultRecord) error {
 	switch kind {
 	case faultLeaderKill:
-		return in.killLeader(ctx, rec)
+		return in.killLeader(ctx, rec, false)
+	case faultLeaderStop:
+		return in.killLeader(ctx, rec, true)
 	case faultAPIServer:
 		rec.Target = cluster.ComponentAPIServer
 		return in.e.cp.Restart(ctx, cluster.ComponentAPIServer)
@@ -190,9 +193,11 @@ func (in *injector) inject(ctx context.Context, kind string, rec *faultRecord) e
 }
 
 // killLeader waits (up to 15 s) for a claim allocation to be written — the
-// leader is committing a gang — and kills it with SIGKILL at once; a new
-// replica takes its slot, as a Deployment would start one.
-func (in *injector) killLeader(ctx context.Context, rec *faultRecord) error {
+// leader is committing a gang — and kills it with SIGKILL at once, or with
+// graceful stops it as the kubelet does a pod of a rolling update (SIGTERM,
+// SIGKILL after the 30 s grace period); a new replica takes its slot, as a
+// Deployment would start one.
+func (in *injector) killLeader(ctx context.Context, rec *faultRecord, graceful bool) error {
 	var leader *replica
 	for range 100 {
 		if leader = in.e.leader(ctx); leader != nil {
@@ -226,11 +231,20 @@ func (in *injector) killLeader(ctx context.Context, rec *faultRecord) error {
 		}
 		w.Stop()
 	}
-	leader.kill()
+	verb := "killed"
+	if graceful {
+		took, exited := leader.stop(30 * time.Second)
+		verb = fmt.Sprintf("stopped (exited %s after SIGTERM)", took.Round(10*time.Millisecond))
+		if !exited {
+			verb = "stopped (SIGKILL: still running 30s after SIGTERM)"
+		}
+	} else {
+		leader.kill()
+	}
 	rec.Landed = &mid
-	rec.Note = "killed after a claim allocation was written (mid-commit)"
+	rec.Note = verb + " after a claim allocation was written (mid-commit)"
 	if !mid {
-		rec.Note = "no commit within 15s: killed idle"
+		rec.Note = "no commit within 15s: " + verb + " idle"
 	}
 	time.Sleep(time.Second)
 	r, err := in.e.startReplica(leader.slot)

@@ -35,12 +35,12 @@ const (
 	invCheckpointNoClaim   = "checkpoint entry without a claim"
 	invPreparedNotInCkpt   = "claim prepared (kubelet) but missing from the checkpoint"
 	invMIGOrphan           = "MIG instance tessera created that no claim owns"
-	invRunningPodClaimFree = "running pod's claim not allocated and reserved for it"
+	invBoundPodClaimFree   = "bound pod's claim not allocated and reserved for it"
 	invDrainLeftover       = "left after the drain (pods, claims, checkpoint entries)"
 )
 
 var invariants = []string{invDeviceOverCapacity, invQueueOverLimit, invGangPartlyBound, invPreparedOnWrongNode,
-	invDeletedPodPrepared, invCheckpointNoClaim, invPreparedNotInCkpt, invMIGOrphan, invRunningPodClaimFree, invDrainLeftover}
+	invDeletedPodPrepared, invCheckpointNoClaim, invPreparedNotInCkpt, invMIGOrphan, invBoundPodClaimFree, invDrainLeftover}
 
 // checker evaluates the invariants every few seconds from consistent lists
 // of the API server (direct, not through the fault proxy) and the nodes'
@@ -69,9 +69,9 @@ type checker struct {
 	// settled is when each node last came back from a fault; a node in a
 	// fault now is absent from it (its files are not checked).
 	settled map[string]time.Time
-	// running: the pods running (not ending, not being deleted) in the
-	// previous check's pod list.
-	running map[types.UID]bool
+	// bound: the pods bound (not ended, not being deleted) in the previous
+	// check's pod list.
+	bound map[types.UID]bool
 }
 
 func newChecker(e *env, l *loadGen, tr *tracker) *checker {
@@ -166,7 +166,7 @@ func (c *checker) check(ctx context.Context) error {
 	c.checkQueues(slices.Items, claims.Items, pods.Items, queues.Items)
 	c.checkGangs(pods.Items, seen)
 	c.checkNodes(claims.Items, pods.Items, seen)
-	c.checkRunningPods(claims.Items, pods.Items)
+	c.checkBoundPods(claims.Items, pods.Items)
 	c.mu.Lock()
 	for k := range c.since {
 		if !seen[k] {
@@ -180,26 +180,27 @@ func (c *checker) check(ctx context.Context) error {
 
 type devKey struct{ pool, device string }
 
-// checkRunningPods: a pod that runs holds its claims — each allocated and
+// checkBoundPods: a bound pod holds its claims — each allocated and
 // reserved for it — or their devices are free for another claim while the
-// pod uses them. Exact without a grace: the claims are listed before the
-// pods, and a pod that runs (not ended, not being deleted) in the previous
-// check and in this one ran when the claims were listed (a pod's phase
-// does not go back, a deletion is not withdrawn), so its claims were
-// reserved for it then.
-func (c *checker) checkRunningPods(claims []resourceapi.ResourceClaim, pods []v1.Pod) {
+// pod runs or is about to (the scheduler writes the claims before it
+// binds). Exact without a grace: the claims are listed before the pods, and
+// a pod bound (not ended, not being deleted) in the previous check and in
+// this one was bound and not ended when the claims were listed (a binding
+// and a phase do not go back, a deletion is not withdrawn), so its claims
+// were reserved for it then.
+func (c *checker) checkBoundPods(claims []resourceapi.ResourceClaim, pods []v1.Pod) {
 	byName := map[string]*resourceapi.ResourceClaim{}
 	for i := range claims {
 		byName[claims[i].Name] = &claims[i]
 	}
-	running := map[types.UID]bool{}
+	bound := map[types.UID]bool{}
 	for i := range pods {
 		p := &pods[i]
-		if p.Status.Phase != v1.PodRunning || p.DeletionTimestamp != nil {
+		if p.Spec.NodeName == "" || p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed || p.DeletionTimestamp != nil {
 			continue
 		}
-		running[p.UID] = true
-		if !c.running[p.UID] {
+		bound[p.UID] = true
+		if !c.bound[p.UID] {
 			continue
 		}
 		for _, st := range p.Status.ResourceClaimStatuses {
@@ -218,13 +219,13 @@ func (c *checker) checkRunningPods(claims []resourceapi.ResourceClaim, pods []v1
 				if cl != nil {
 					what = fmt.Sprintf("allocated %v, reserved for %v", cl.Status.Allocation != nil, cl.Status.ReservedFor)
 				}
-				c.violate(invRunningPodClaimFree, string(p.UID)+"/"+*st.ResourceClaimName,
-					fmt.Sprintf("pod %s runs on %s, its claim %s is %s", p.Name, p.Spec.NodeName, *st.ResourceClaimName, what))
+				c.violate(invBoundPodClaimFree, string(p.UID)+"/"+*st.ResourceClaimName,
+					fmt.Sprintf("pod %s (%s) is bound to %s, its claim %s is %s", p.Name, p.Status.Phase, p.Spec.NodeName, *st.ResourceClaimName, what))
 			}
 		}
 	}
 	c.mu.Lock()
-	c.running = running
+	c.bound = bound
 	c.mu.Unlock()
 }
 

@@ -67,6 +67,25 @@ func (r *replica) kill() {
 	}
 }
 
+// stop sends SIGTERM to the replica and waits up to grace for it to exit,
+// then kills it (as the kubelet ends a container); exited: within grace.
+func (r *replica) stop(grace time.Duration) (took time.Duration, exited bool) {
+	start := time.Now()
+	select {
+	case <-r.done:
+		return 0, true
+	default:
+	}
+	_ = r.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-r.done:
+		return time.Since(start), true
+	case <-time.After(grace):
+		r.kill()
+		return time.Since(start), false
+	}
+}
+
 func (r *replica) alive() bool {
 	select {
 	case <-r.done:
