@@ -97,11 +97,13 @@ bench-e2e-short:
 # 8 simulated GPU nodes with tessera-node processes, two tessera-scheduler
 # replicas, a seeded load generator and faults at seeded random times, with
 # the invariants checked every few seconds. CHAOS_SEED reproduces a run's
-# choices; CHAOS_REPORT=file.json keeps its report. Never part of `make test`.
+# choices; CHAOS_REPORT=file.json keeps its report; CHAOS_FAULTS (a regexp
+# of the fault kinds' names) injects only those. Never part of `make test`.
 CHAOS_DURATION ?= 15m
 CHAOS_SEED     ?=
+CHAOS_FAULTS   ?=
 chaos: k8s-bin
-	CHAOS_DURATION=$(CHAOS_DURATION) CHAOS_SEED=$(CHAOS_SEED) $(GO) test -count=1 -v -run '^TestChaos$$' -timeout 90m ./test/chaos/
+	CHAOS_DURATION=$(CHAOS_DURATION) CHAOS_SEED=$(CHAOS_SEED) CHAOS_FAULTS='$(CHAOS_FAULTS)' $(GO) test -count=1 -v -run '^TestChaos$$' -timeout 90m ./test/chaos/
 
 # Every fuzz target, each for FUZZTIME (not part of `make test`: there
 # the seed corpora under testdata/fuzz run as ordinary tests). A crasher

@@ -13,6 +13,7 @@ import (
 	"io/fs"
 	"math"
 	"os"
+	"regexp"
 	"runtime"
 	"sort"
 	"strconv"
@@ -39,6 +40,9 @@ type config struct {
 	// Pause between faults.
 	minGap, maxGap time.Duration
 	checkEvery     time.Duration
+	// faults: the kinds injected (CHAOS_FAULTS, a regexp of their names;
+	// all by default), to repeat one kind often.
+	faults []string
 }
 
 func configFromEnv(t *testing.T) config {
@@ -56,8 +60,24 @@ func configFromEnv(t *testing.T) config {
 			t.Fatalf("CHAOS_SEED=%q: want an unsigned integer", s)
 		}
 	}
+	faults := faultKinds
+	if raw := os.Getenv("CHAOS_FAULTS"); raw != "" {
+		re, err := regexp.Compile(raw)
+		if err != nil {
+			t.Fatalf("CHAOS_FAULTS=%q: %v", raw, err)
+		}
+		faults = nil
+		for _, k := range faultKinds {
+			if re.MatchString(k) {
+				faults = append(faults, k)
+			}
+		}
+		if len(faults) == 0 {
+			t.Fatalf("CHAOS_FAULTS=%q matches none of the fault kinds %q", raw, faultKinds)
+		}
+	}
 	return config{
-		duration: d, seed: seed,
+		duration: d, seed: seed, faults: faults,
 		// Short runs keep GPUs turning over (more gangs, prepares and
 		// unprepares per minute) while 24 waiting gangs keep every queue
 		// asking without wedging the scheduler.

@@ -94,7 +94,7 @@ func (in *injector) run(ctx context.Context) {
 		case <-time.After(in.between(in.e.cfg.minGap, in.e.cfg.maxGap)):
 		}
 		if len(order) == 0 {
-			order = append([]string(nil), faultKinds...)
+			order = append([]string(nil), in.e.cfg.faults...)
 			in.rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
 		}
 		kind := order[0]
