@@ -526,8 +526,10 @@ func (c *committer) writeClaim(ctx context.Context, w *claimWrite) (*resourceapi
 // it wrote and could not release, as written.
 func (c *committer) undo(ctx context.Context, writes []*claimWrite, bound map[*v1.Pod]bool) (unreleased []*resourceapi.ResourceClaim) {
 	logger := klog.FromContext(ctx)
-	// Undo only releases what this commit wrote for pods that are not bound, which is safe
-	// even after the scheduler was told to stop; finish it rather than leave it to recovery.
+	// Undo only releases what this commit wrote for pods known to be unbound (the caller
+	// counts a pod whose binding a stop cut short as bound: the API server may still apply
+	// it, so its claims are left to recovery), which is safe even after the scheduler was
+	// told to stop; finish it rather than leave it to recovery.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	for _, w := range writes {

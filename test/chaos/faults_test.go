@@ -193,8 +193,8 @@ func (in *injector) inject(ctx context.Context, kind string, rec *faultRecord) e
 }
 
 // killLeader waits (up to 15 s) for a claim allocation to be written — the
-// leader is committing a gang — and kills it with SIGKILL at once, or with
-// graceful stops it as the kubelet does a pod of a rolling update (SIGTERM,
+// leader is committing a gang — and kills it with SIGKILL at once, or, with
+// graceful, stops it as the kubelet does a pod of a rolling update (SIGTERM,
 // SIGKILL after the 30 s grace period); a new replica takes its slot, as a
 // Deployment would start one.
 func (in *injector) killLeader(ctx context.Context, rec *faultRecord, graceful bool) error {
