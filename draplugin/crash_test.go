@@ -280,3 +280,86 @@ func TestStaticMIGKept(t *testing.T) {
 		t.Fatalf("static instance destroyed: %v", got)
 	}
 }
+
+// TestUnprepareCrashSafety kills the plugin (a panic out of the unprepare)
+// after each undo step, for a claim with every kind of side effect and for
+// a plain whole GPU, whose unprepare only removes its CDI spec. The claim
+// must still be recorded after the restart (the checkpoint is written last),
+// so that the kubelet's retry undoes it again: every step is idempotent and
+// nothing is left, not even a MIG instance destroyed twice or a daemon quit
+// on a pipe that is gone.
+func TestUnprepareCrashSafety(t *testing.T) {
+	mixed := []string{"undo-cdi-removed", "undo-mps-stopped", "undo-timeslice-reset", "undo-mig-destroyed", "unprepare-undone"}
+	for _, tc := range []struct {
+		kind   string
+		points []string
+	}{{"mixed", mixed}, {"whole-gpu", []string{"undo-cdi-removed", "unprepare-undone"}}} {
+		for _, point := range tc.points {
+			t.Run(tc.kind+"/"+point, func(t *testing.T) {
+				e := newEnv(t)
+				var c *resourceapi.ResourceClaim
+				if tc.kind == "mixed" {
+					c = e.mixedClaim("mixed")
+				} else {
+					c = e.claim("plain", []request{{name: "gpu", class: "gpu", selector: `device.attributes["gpu.tessera.dev"].index == 3`}})
+				}
+				armed := false
+				p1 := e.start(func(o *Options) {
+					o.crash = func(p string) {
+						if armed && p == point {
+							armed = false
+							panic(crash{p})
+						}
+					}
+				})
+				if res, err := p1.PrepareResourceClaims(e.ctx, []*resourceapi.ResourceClaim{c}); err != nil || res[c.UID].Err != nil {
+					t.Fatal(err, res)
+				}
+				prepared := e.state(p1)
+				if len(prepared.specs) != 1 {
+					t.Fatalf("prepared: %+v", prepared)
+				}
+				e.tools.Reset()
+				armed = true
+				func() {
+					defer func() {
+						if _, ok := recover().(crash); !ok {
+							t.Fatalf("unprepare did not reach %s", point)
+						}
+					}()
+					_, _ = p1.UnprepareResourceClaims(e.ctx, []kubeletplugin.NamespacedObject{{NamespacedName: types.NamespacedName{Namespace: c.Namespace, Name: c.Name}, UID: c.UID}})
+				}()
+				p1.Stop()
+
+				p2 := e.start()
+				if st := e.state(p2); !reflect.DeepEqual(st.recorded, []string{string(c.UID) + ":PrepareCompleted"}) {
+					t.Fatalf("after the restart the claim is not recorded as prepared, so nothing would finish its unprepare: %+v", st)
+				}
+				if tc.kind == "mixed" && point != "undo-cdi-removed" {
+					// The daemon was stopped before the crash; the restart must not launch it
+					// again for a claim on its way out (it raced the retried unprepare and
+					// outlived it).
+					e.waitNoDaemonPods()
+				}
+				k := e.kubelet()
+				if r := k.unprepare(t, e.ctx, c)[string(c.UID)]; r.Error != "" {
+					t.Fatalf("retried unprepare: %s", r.Error)
+				}
+				if st := e.state(p2); len(st.migs)+len(st.specs)+len(st.daemons)+len(st.recorded) != 0 {
+					t.Fatalf("retried unprepare left: %+v", st)
+				}
+				if tc.kind == "mixed" {
+					if mode, slice := e.tools.GPU(gpuUUID(e, 3)); slice != 0 {
+						t.Errorf("GPU 3 left with time slice %d (compute mode %s), want the default", slice, mode)
+					}
+					if got := e.tools.CallsMatching("stdin=quit"); len(got) == 0 {
+						t.Errorf("the claim's MPS daemon was never told to quit")
+					}
+				} else if got := e.tools.Calls(); len(got) != 0 {
+					t.Errorf("a plain whole GPU's unprepare ran tools: %q", got)
+				}
+				e.waitNoDaemonPods()
+			})
+		}
+	}
+}

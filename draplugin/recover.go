@@ -259,8 +259,19 @@ func (p *Plugin) stopIdleDaemons(ctx context.Context) error {
 		}
 		p.metrics.recoveredActions.WithLabelValues("mps_stopped").Inc()
 	}
+	specs, brokenSpecs, specErr := p.cdi.Claims()
 	for id, c := range owner {
 		if c.State != checkpoint.PrepareCompleted {
+			continue
+		}
+		if _, ok := specs[c.UID]; specErr == nil && !ok && brokenSpecs[c.UID] == nil {
+			// A completed prepare always wrote the claim's CDI spec, a checkpoint of
+			// another boot was discarded above, and only undo removes a spec (its first
+			// step): this claim's unprepare was cut short. Launching its daemon again
+			// would race the kubelet's retried unprepare, which may stop it before the
+			// new daemon starts and leave that daemon (and its directory) behind. The
+			// retry stops whatever is left of it.
+			logger.Info("The CDI spec of a prepared claim is gone: its unprepare was cut short; not launching its MPS daemon again", "claim", klog.KRef(c.Namespace, c.Name), "daemon", id)
 			continue
 		}
 		up, corrected, err := p.sharing.Adopt(ctx, specOf(c))

@@ -48,6 +48,11 @@ func (p *Plugin) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 		delete(p.state.Claims, c.UID)
 		removed[c.UID] = rec
 	}
+	if len(removed) > 0 {
+		// Everything is undone and the checkpoint still names the claims: a crash here
+		// leaves them recorded, and the kubelet's retry undoes them again (idempotently).
+		p.opts.crashPoint("unprepare-undone")
+	}
 	defer func() {
 		for _, rec := range removed {
 			if _, back := p.state.Claims[rec.UID]; !back {
@@ -86,10 +91,12 @@ func (p *Plugin) undo(ctx context.Context, rec *checkpoint.Claim) error {
 	if err := p.cdi.Remove(rec.UID); err != nil {
 		errs = append(errs, err)
 	}
+	p.opts.crashPoint("undo-cdi-removed")
 	if rec.MPS != nil {
 		if err := p.sharing.Stop(ctx, rec.MPS.ID); err != nil {
 			errs = append(errs, err)
 		}
+		p.opts.crashPoint("undo-mps-stopped")
 	}
 	reset := map[string]bool{}
 	for i := len(rec.Devices) - 1; i >= 0; i-- {
@@ -116,6 +123,7 @@ func (p *Plugin) undo(ctx context.Context, rec *checkpoint.Claim) error {
 					if err := p.gpus.SetTimeSlice(ctx, d.GPUUUID, sharing.TimeSliceDefault); err != nil {
 						errs = append(errs, err)
 					}
+					p.opts.crashPoint("undo-timeslice-reset")
 				}
 			}
 		}
@@ -123,6 +131,7 @@ func (p *Plugin) undo(ctx context.Context, rec *checkpoint.Claim) error {
 			if err := p.destroyOurs(ctx, rec.UID, d); err != nil {
 				errs = append(errs, fmt.Errorf("device %s: %w", d.Device, err))
 			}
+			p.opts.crashPoint("undo-mig-destroyed")
 		}
 	}
 	return errors.Join(errs...)
