@@ -285,9 +285,9 @@ func TestStaticMIGKept(t *testing.T) {
 // after each undo step, for a claim with every kind of side effect and for
 // a plain whole GPU, whose unprepare only removes its CDI spec. The claim
 // must still be recorded after the restart (the checkpoint is written last),
-// so that the kubelet's retry undoes it again: every step is idempotent and
-// nothing is left, not even a MIG instance destroyed twice or a daemon quit
-// on a pipe that is gone.
+// so that the kubelet's retry undoes it again; every step must then cope
+// with what is already undone (a destroyed MIG instance, a daemon that is
+// gone), and the restart must not launch the daemon again. Nothing is left.
 func TestUnprepareCrashSafety(t *testing.T) {
 	mixed := []string{"undo-cdi-removed", "undo-mps-stopped", "undo-timeslice-reset", "undo-mig-destroyed", "unprepare-undone"}
 	for _, tc := range []struct {

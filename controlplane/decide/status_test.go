@@ -90,8 +90,8 @@ func TestStatusEqualIsSemanticDeepEqual(t *testing.T) {
 			}
 		}
 	}
-	// The edits that must be unequal are (a test that always answered "equal" would
-	// pass the comparison above only if Semantic.DeepEqual did too).
+	// Not only agreement: if Semantic.DeepEqual changed to answer "equal" everywhere, the
+	// loop above would still pass, this would not.
 	a, b := base(), base()
 	b.Conditions[0].Message = "other"
 	if statusEqual(a, b) {
