@@ -44,17 +44,21 @@ func TestStatusEqualIsSemanticDeepEqual(t *testing.T) {
 		"reservation nodes nil vs empty": func(s *v1alpha1.PodGroupStatus) {
 			s.Reservation.Nodes = []string{}
 		},
-		"reservation reason":        func(s *v1alpha1.PodGroupStatus) { s.Reservation.Reason = "x" },
-		"reservation since":         func(s *v1alpha1.PodGroupStatus) { s.Reservation.Since = metav1.NewTime(now.Add(time.Second)) },
-		"reservation since located": func(s *v1alpha1.PodGroupStatus) { s.Reservation.Since = metav1.NewTime(now.In(time.FixedZone("x", 3600))) },
-		"conditions nil vs empty":   func(s *v1alpha1.PodGroupStatus) { s.Conditions = []metav1.Condition{} },
-		"condition dropped":         func(s *v1alpha1.PodGroupStatus) { s.Conditions = s.Conditions[:1] },
-		"condition type":            func(s *v1alpha1.PodGroupStatus) { s.Conditions[1].Type = "Other" },
-		"condition status":          func(s *v1alpha1.PodGroupStatus) { s.Conditions[1].Status = metav1.ConditionTrue },
-		"condition reason":          func(s *v1alpha1.PodGroupStatus) { s.Conditions[1].Reason = "R" },
-		"condition message":         func(s *v1alpha1.PodGroupStatus) { s.Conditions[0].Message = "other" },
-		"condition generation":      func(s *v1alpha1.PodGroupStatus) { s.Conditions[0].ObservedGeneration = 2 },
-		"condition time":            func(s *v1alpha1.PodGroupStatus) { s.Conditions[0].LastTransitionTime = metav1.NewTime(now.Add(-time.Second)) },
+		"reservation reason": func(s *v1alpha1.PodGroupStatus) { s.Reservation.Reason = "x" },
+		"reservation since":  func(s *v1alpha1.PodGroupStatus) { s.Reservation.Since = metav1.NewTime(now.Add(time.Second)) },
+		"reservation since located": func(s *v1alpha1.PodGroupStatus) {
+			s.Reservation.Since = metav1.NewTime(now.In(time.FixedZone("x", 3600)))
+		},
+		"conditions nil vs empty": func(s *v1alpha1.PodGroupStatus) { s.Conditions = []metav1.Condition{} },
+		"condition dropped":       func(s *v1alpha1.PodGroupStatus) { s.Conditions = s.Conditions[:1] },
+		"condition type":          func(s *v1alpha1.PodGroupStatus) { s.Conditions[1].Type = "Other" },
+		"condition status":        func(s *v1alpha1.PodGroupStatus) { s.Conditions[1].Status = metav1.ConditionTrue },
+		"condition reason":        func(s *v1alpha1.PodGroupStatus) { s.Conditions[1].Reason = "R" },
+		"condition message":       func(s *v1alpha1.PodGroupStatus) { s.Conditions[0].Message = "other" },
+		"condition generation":    func(s *v1alpha1.PodGroupStatus) { s.Conditions[0].ObservedGeneration = 2 },
+		"condition time": func(s *v1alpha1.PodGroupStatus) {
+			s.Conditions[0].LastTransitionTime = metav1.NewTime(now.Add(-time.Second))
+		},
 		"condition time located": func(s *v1alpha1.PodGroupStatus) {
 			s.Conditions[0].LastTransitionTime = metav1.NewTime(now.In(time.FixedZone("y", -7200)))
 		},
