@@ -1,6 +1,7 @@
 package decide
 
 import (
+	"reflect"
 	"testing"
 	"time"
 
@@ -100,5 +101,21 @@ func TestStatusEqualIsSemanticDeepEqual(t *testing.T) {
 	b.Conditions[0].Message = "other"
 	if statusEqual(a, b) {
 		t.Fatal("a changed message compares equal")
+	}
+}
+
+// TestStatusEqualCoversEveryField fails when PodGroupStatus, Reservation, QueuePosition or
+// metav1.Condition gains a field: statusEqual compares fields one by one and would miss it
+// (and so would the table above), so both must be extended with it.
+func TestStatusEqualCoversEveryField(t *testing.T) {
+	for typ, n := range map[reflect.Type]int{
+		reflect.TypeFor[v1alpha1.PodGroupStatus](): 9,
+		reflect.TypeFor[v1alpha1.Reservation]():    3,
+		reflect.TypeFor[v1alpha1.QueuePosition]():  2,
+		reflect.TypeFor[metav1.Condition]():        6,
+	} {
+		if typ.NumField() != n {
+			t.Errorf("%s has %d fields, statusEqual compares %d: compare the new ones there and add an edit for each to TestStatusEqualIsSemanticDeepEqual", typ, typ.NumField(), n)
+		}
 	}
 }
