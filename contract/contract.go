@@ -58,7 +58,9 @@ const (
 	AttrParentUUID resourceapi.QualifiedName = "parentUUID"
 	// AttrProfile is a MIG device's profile as NVML spells it ("1g.10gb").
 	AttrProfile resourceapi.QualifiedName = "profile"
-	// AttrPlacementStart and AttrPlacementSize are a MIG device's memory-slice placement.
+	// AttrPlacementStart and AttrPlacementSize are a static MIG device's memory-slice
+	// placement (a dynamic MIG device's placement is the memory-slice counters it consumes,
+	// and its name: slices.MaxDynamicMIGAttributes).
 	AttrPlacementStart resourceapi.QualifiedName = "placementStart"
 	AttrPlacementSize  resourceapi.QualifiedName = "placementSize"
 	// AttrMultiprocessors is the SM count of a shared GPU (an attribute there, because

@@ -263,12 +263,14 @@ func TestForeignBootCheckpoint(t *testing.T) {
 }
 
 // TestStaticMIGKept: an administrator's MIG instance survives the
-// plugin's start, can be prepared and is not destroyed at unprepare.
+// plugin's start, can be prepared and is not destroyed at unprepare. The
+// node agent publishes the GPU's placements as dynamic devices (which carry no
+// placement attribute), so the claim is pinned to the instance's placement.
 func TestStaticMIGKept(t *testing.T) {
 	e := newEnv(t)
 	e.createStaticMIG(1, "1g.10gb", 6)
 	p := e.start()
-	c := e.claim("static", []request{{name: "mig", class: "mig", selector: `device.attributes["gpu.tessera.dev"].index == 1 && device.attributes["gpu.tessera.dev"].placementStart == 6 && device.attributes["gpu.tessera.dev"].profile == "1g.10gb"`}})
+	c := e.claim("static", []request{{name: "mig", class: "mig", selector: `device.attributes["gpu.tessera.dev"].index == 1 && device.attributes["gpu.tessera.dev"].profile == "1g.10gb"`, device: "gpu-1-mig-1g-10gb-6"}})
 	res, err := p.PrepareResourceClaims(e.ctx, []*resourceapi.ResourceClaim{c})
 	if err != nil || res[c.UID].Err != nil {
 		t.Fatal(err, res)

@@ -395,7 +395,7 @@ func TestOccupiedPlacement(t *testing.T) {
 	e := newEnv(t)
 	e.start()
 	k := e.kubelet()
-	c := e.claim("blocked", []request{{name: "mig", class: "mig", selector: `device.attributes["gpu.tessera.dev"].index == 1 && device.attributes["gpu.tessera.dev"].profile == "2g.20gb" && device.attributes["gpu.tessera.dev"].placementStart == 0`}})
+	c := e.claim("blocked", []request{{name: "mig", class: "mig", selector: `device.attributes["gpu.tessera.dev"].index == 1 && device.attributes["gpu.tessera.dev"].profile == "2g.20gb"`, device: "gpu-1-mig-2g-20gb-0"}})
 	e.createStaticMIG(1, "1g.10gb", 1) // overlaps memory slices 0..1
 	before := e.migInstances()
 	r := k.prepare(t, e.ctx, c)[string(c.UID)]

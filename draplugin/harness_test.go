@@ -30,6 +30,7 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/tessera-gpu/tessera/contract"
 	"github.com/tessera-gpu/tessera/draplugin/internal/faketools"
 	"github.com/tessera-gpu/tessera/draplugin/internal/podrunner"
 	"github.com/tessera-gpu/tessera/draplugin/sharing"
@@ -266,6 +267,12 @@ type request struct {
 	memory, compute       string // consumable capacity of a shared request
 	count                 int64
 	adminAccess           bool
+	// device pins the request's device: the stock allocator picks one (it checks that
+	// the request fits), then the claim gets this one instead, a published device of the
+	// same profile. It stands for a scheduler's choice that a selector cannot make: CEL
+	// does not see a device's name, and a dynamic MIG device has no placement attribute
+	// (slices.MaxDynamicMIGAttributes).
+	device string
 }
 
 // claim creates a claim and allocates it with the stock structured
@@ -288,7 +295,11 @@ func (e *env) namespace() string {
 func (e *env) claimIn(ns, name string, reqs []request, configs ...claimConfig) *resourceapi.ResourceClaim {
 	e.t.Helper()
 	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}
+	pins := map[string]string{}
 	for _, r := range reqs {
+		if r.device != "" {
+			pins[r.name] = r.device
+		}
 		dr := resourceapi.DeviceRequest{Name: r.name, Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: e.classes[r.class], Count: max(r.count, 1)}}
 		if r.adminAccess {
 			dr.Exactly.AdminAccess = ptr.To(true)
@@ -319,7 +330,7 @@ func (e *env) claimIn(ns, name string, reqs []request, configs ...claimConfig) *
 	if err != nil {
 		e.t.Fatalf("create claim %s: %v", name, err)
 	}
-	return e.allocate(created)
+	return e.allocatePinned(created, pins)
 }
 
 // claimConfig is an opaque GpuConfig or MigDeviceConfig (JSON) for the
@@ -339,7 +350,9 @@ func (e *env) release(c *resourceapi.ResourceClaim) {
 	}
 }
 
-func (e *env) allocate(claim *resourceapi.ResourceClaim) *resourceapi.ResourceClaim {
+// allocatePinned allocates claim with the stock structured allocator on this node's
+// slices, then replaces the devices of the requests named in pins (request.device).
+func (e *env) allocatePinned(claim *resourceapi.ResourceClaim, pins map[string]string) *resourceapi.ResourceClaim {
 	e.t.Helper()
 	// Allocation must see earlier allocations: serialize it like a scheduler.
 	allocMu.Lock()
@@ -398,6 +411,15 @@ func (e *env) allocate(claim *resourceapi.ResourceClaim) *resourceapi.ResourceCl
 	if len(results) != 1 {
 		e.t.Fatalf("claim %s does not fit on node %s", claim.Name, e.nodeName)
 	}
+	for i := range results[0].Devices.Results {
+		r := &results[0].Devices.Results[i]
+		if pin, ok := pins[r.Request]; ok {
+			if !samePublishedProfile(mine, r.Device, pin) {
+				e.t.Fatalf("claim %s: pinned device %s is not a published device of the profile of %s", claim.Name, pin, r.Device)
+			}
+			r.Device = pin
+		}
+	}
 	claim = claim.DeepCopy()
 	claim.Status.Allocation = &results[0]
 	updated, err := e.client.ResourceV1().ResourceClaims(claim.Namespace).UpdateStatus(e.ctx, claim, metav1.UpdateOptions{})
@@ -405,6 +427,23 @@ func (e *env) allocate(claim *resourceapi.ResourceClaim) *resourceapi.ResourceCl
 		e.t.Fatalf("store allocation of %s: %v", claim.Name, err)
 	}
 	return updated
+}
+
+// samePublishedProfile: the slices publish both devices, with the same type and profile.
+func samePublishedProfile(slices []*resourceapi.ResourceSlice, a, b string) bool {
+	find := func(name string) *resourceapi.Device {
+		for _, s := range slices {
+			for i := range s.Spec.Devices {
+				if s.Spec.Devices[i].Name == name {
+					return &s.Spec.Devices[i]
+				}
+			}
+		}
+		return nil
+	}
+	da, db := find(a), find(b)
+	return da != nil && db != nil && contract.TypeOf(da) == contract.TypeOf(db) &&
+		contract.StringAttr(da, contract.AttrProfile) == contract.StringAttr(db, contract.AttrProfile)
 }
 
 type classLister []resourceapi.DeviceClass

@@ -3,6 +3,7 @@ package slices_test
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -295,9 +296,10 @@ func TestDevicePluginGPUsAreNotPublished(t *testing.T) {
 
 // TestMIGDeviceAttributes: a dynamic MIG device carries at most MaxDynamicMIGAttributes
 // (on a machine where every optional GPU attribute resolves, PCIe root included), without
-// the placement size and parent slice count its counters already say, and is priced the
-// same by its counters; a static MIG device, which consumes no counters, carries both and
-// is priced by them.
+// the placement start, size and parent slice count its counters already say, the same
+// attributes as every device of its profile on its GPU, and is priced the same by its
+// counters; a static MIG device, which consumes no counters, carries all three and is
+// priced by them.
 func TestMIGDeviceAttributes(t *testing.T) {
 	node, plan := setup(t, "mock:dgxh100?gpus=1", "default: {gpus: [{mode: dynamicMIG}]}")
 	g := &node.GPUs[0]
@@ -314,6 +316,7 @@ func TestMIGDeviceAttributes(t *testing.T) {
 	}
 	costs := contract.Costs(pool)
 	migs := 0
+	byProfile := map[string]map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{}
 	for _, d := range allDevices(res) {
 		if contract.TypeOf(&d) != contract.TypeMIG {
 			continue
@@ -322,12 +325,20 @@ func TestMIGDeviceAttributes(t *testing.T) {
 		if len(d.Attributes) > slices.MaxDynamicMIGAttributes {
 			t.Errorf("dynamic MIG device %s carries %d attributes, more than %d", d.Name, len(d.Attributes), slices.MaxDynamicMIGAttributes)
 		}
-		for _, a := range []resourceapi.QualifiedName{contract.AttrPlacementSize, contract.AttrParentMemorySlices} {
+		for _, a := range []resourceapi.QualifiedName{contract.AttrPlacementStart, contract.AttrPlacementSize, contract.AttrParentMemorySlices} {
 			if _, ok := d.Attributes[a]; ok {
 				t.Errorf("dynamic MIG device %s carries %s", d.Name, a)
 			}
 		}
-		for _, a := range []resourceapi.QualifiedName{contract.AttrParentUUID, contract.AttrProfile, contract.AttrPlacementStart, contract.AttrPCIeRoot} {
+		// The devices of one profile on one GPU carry equal attributes, so that a
+		// watcher can share one map among them (informerset.SliceTransform).
+		profile := *d.Attributes[contract.AttrProfile].StringValue
+		if first, ok := byProfile[profile]; !ok {
+			byProfile[profile] = d.Attributes
+		} else if !reflect.DeepEqual(first, d.Attributes) {
+			t.Errorf("dynamic MIG device %s: attributes %v differ from another %s device's %v", d.Name, d.Attributes, profile, first)
+		}
+		for _, a := range []resourceapi.QualifiedName{contract.AttrParentUUID, contract.AttrProfile, contract.AttrPCIeRoot} {
 			if _, ok := d.Attributes[a]; !ok {
 				t.Errorf("dynamic MIG device %s lacks %s", d.Name, a)
 			}
@@ -361,12 +372,16 @@ func TestMIGDeviceAttributes(t *testing.T) {
 	costs = contract.Costs(pool)
 	want := map[string]float64{"MIG-a": 0.5, "MIG-b": 0.125}
 	wantSize := map[string]int64{"MIG-a": 4, "MIG-b": 1}
+	wantStart := map[string]int64{"MIG-a": 4, "MIG-b": 0}
 	devs := allDevices(res)
 	if len(devs) != 2 {
 		t.Fatalf("static MIG published %d devices, want 2", len(devs))
 	}
 	for _, d := range devs {
 		uuid := contract.StringAttr(&d, contract.AttrUUID)
+		if start, ok := contract.IntAttr(&d, contract.AttrPlacementStart); !ok || start != wantStart[uuid] {
+			t.Errorf("static MIG device %s: placementStart %d %v", d.Name, start, ok)
+		}
 		if size, ok := contract.IntAttr(&d, contract.AttrPlacementSize); !ok || size != wantSize[uuid] {
 			t.Errorf("static MIG device %s: placementSize %d %v", d.Name, size, ok)
 		}

@@ -72,9 +72,8 @@ func TestWholeGPU(t *testing.T) {
 // driver; deleting the pod destroys the instance.
 func TestMIGDevice(t *testing.T) {
 	e := newEnv(t)
-	claim := e.claim("mig", request{class: contract.ClassMIG,
-		selector: attr(contract.AttrProfile) + ` == "1g.10gb" && ` + attr(contract.AttrPlacementStart) + " == 3"})
-	pod, claim := e.schedule(e.pod("mig", claim.Name, reportScript), claim, nil)
+	claim := e.claim("mig", request{class: contract.ClassMIG, selector: attr(contract.AttrProfile) + ` == "1g.10gb"`})
+	pod, claim := e.schedule(e.pod("mig", claim.Name, reportScript), claim, e.allocationAt(claim, 3))
 	e.waitRunning(pod)
 	r := e.readReport(pod)
 

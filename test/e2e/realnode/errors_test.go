@@ -20,9 +20,8 @@ import (
 // runs with its own MIG device.
 func TestPrepareErrorRetried(t *testing.T) {
 	e := newEnv(t)
-	holderClaim := e.claim("holder", request{class: contract.ClassMIG,
-		selector: attr(contract.AttrProfile) + ` == "1g.10gb" && ` + attr(contract.AttrPlacementStart) + " == 0"})
-	holder, holderClaim := e.schedule(e.pod("holder", holderClaim.Name, reportScript), holderClaim, nil)
+	holderClaim := e.claim("holder", request{class: contract.ClassMIG, selector: attr(contract.AttrProfile) + ` == "1g.10gb"`})
+	holder, holderClaim := e.schedule(e.pod("holder", holderClaim.Name, reportScript), holderClaim, e.allocationAt(holderClaim, 0))
 	e.waitRunning(holder)
 	held := holderClaim.Status.Allocation.Devices.Results[0].Device // gpu-<n>-mig-1g-10gb-0
 	gpu := strings.TrimSuffix(held, "-mig-1g-10gb-0")

@@ -34,6 +34,7 @@ import (
 	"github.com/tessera-gpu/tessera/contract"
 	"github.com/tessera-gpu/tessera/deployments/deviceclasses"
 	"github.com/tessera-gpu/tessera/draplugin/checkpoint"
+	"github.com/tessera-gpu/tessera/nodeagent/devicename"
 	"github.com/tessera-gpu/tessera/sandbox/realnode"
 	"github.com/tessera-gpu/tessera/test/framework"
 )
@@ -177,6 +178,23 @@ func (e *env) claim(name string, r request) *resourceapi.ResourceClaim {
 		e.t.Fatalf("create claim %s: %v", name, err)
 	}
 	return created
+}
+
+// allocationAt is allocation for a claim of one MIG device, moved to the placement
+// starting at start on the same GPU: a scheduler's choice that a selector cannot make (CEL
+// does not see a device's name, and a dynamic MIG device has no placement attribute:
+// slices.MaxDynamicMIGAttributes). The device must be published.
+func (e *env) allocationAt(claim *resourceapi.ResourceClaim, start int) *resourceapi.AllocationResult {
+	e.t.Helper()
+	alloc := e.allocation(claim)
+	r := &alloc.Devices.Results[0]
+	n, err := devicename.Parse(r.Device)
+	if err != nil || n.Kind != devicename.KindMIG {
+		e.t.Fatalf("allocated device %s is not a MIG device: %v", r.Device, err)
+	}
+	r.Device = devicename.MIG(n.Minor, n.Profile, start)
+	e.sliceDevice(r.Device)
+	return alloc
 }
 
 // allocation finds devices for claim on the node with the stock structured
