@@ -31,6 +31,8 @@ import (
 //   - strings (attribute names, device and counter-set names, driver, pool, node);
 //   - the pointers of attribute values (*string, *int64, *bool);
 //   - whole capacity maps, counter maps and counter consumptions.
+//   - whole attribute maps: the devices of one MIG profile on one GPU carry the same
+//     attributes (slices.MaxDynamicMIGAttributes), so a GPU's 25 dynamic MIG devices hold 7.
 // Each through a table keyed by content. The tables hold what they intern, so each is bounded
 // (maxInterned entries, then emptied): on a real cluster they hold a few hundred values per
 // GPU model, MIG profile and placement, plus node names and GPU UUIDs (about 50,000 at 5,000
@@ -38,6 +40,11 @@ import (
 
 // maxInterned bounds each content-keyed table of a SliceTransform.
 const maxInterned = 1 << 16
+
+// maxInternedAttributes bounds the table of attribute maps, whose keys are long (about
+// 500 bytes for a MIG device). Equal maps are those of one GPU, published together in one
+// slice, so a small table shares as much as a large one.
+const maxInternedAttributes = 1 << 12
 
 // SliceTransform is a cache.TransformFunc for ResourceSlice informers (any other object is
 // returned as it is). It is safe for concurrent use and idempotent.
@@ -47,6 +54,7 @@ type SliceTransform struct {
 	strs      table[*string]
 	ints      table[*int64]
 	bools     [2]*bool
+	attrs     table[map[resourceapi.QualifiedName]resourceapi.DeviceAttribute]
 	capacity  table[map[resourceapi.QualifiedName]resourceapi.DeviceCapacity]
 	counters  table[map[string]resourceapi.Counter]
 	consumers table[[]resourceapi.DeviceCounterConsumption]
@@ -56,11 +64,14 @@ type SliceTransform struct {
 // table is a bounded content-keyed intern table.
 type table[T any] map[string]T
 
-func (t *table[T]) get(key string, v T) T {
+func (t *table[T]) get(key string, v T) T { return t.getMax(key, v, maxInterned) }
+
+// getMax is get with a table of at most limit entries.
+func (t *table[T]) getMax(key string, v T, limit int) T {
 	if old, ok := (*t)[key]; ok {
 		return old
 	}
-	if *t == nil || len(*t) >= maxInterned {
+	if *t == nil || len(*t) >= limit {
 		*t = table[T]{}
 	}
 	(*t)[key] = v
@@ -111,15 +122,20 @@ func (t *SliceTransform) device(d *resourceapi.Device) {
 	d.Name = t.intern(d.Name)
 	d.NodeName = t.str(d.NodeName)
 	if d.Attributes != nil {
-		attrs := make(map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, len(d.Attributes))
-		for k, a := range d.Attributes {
-			a.StringValue = t.str(a.StringValue)
-			a.VersionValue = t.str(a.VersionValue)
-			a.IntValue = t.int(a.IntValue)
-			a.BoolValue = t.bool(a.BoolValue)
-			attrs[resourceapi.QualifiedName(t.intern(string(k)))] = a
+		if shared, ok := t.attrs[t.attributesKey(d.Attributes)]; ok {
+			d.Attributes = shared
+		} else {
+			key := t.key.String()
+			attrs := make(map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, len(d.Attributes))
+			for k, a := range d.Attributes {
+				a.StringValue = t.str(a.StringValue)
+				a.VersionValue = t.str(a.VersionValue)
+				a.IntValue = t.int(a.IntValue)
+				a.BoolValue = t.bool(a.BoolValue)
+				attrs[resourceapi.QualifiedName(t.intern(string(k)))] = a
+			}
+			d.Attributes = t.attrs.getMax(key, attrs, maxInternedAttributes)
 		}
-		d.Attributes = attrs
 	}
 	if d.Capacity != nil {
 		d.Capacity = t.capacity.get(t.capacityKey(d.Capacity), d.Capacity)
@@ -187,6 +203,62 @@ func (t *SliceTransform) counterKey(m map[string]resourceapi.Counter) {
 	if len(m) == 0 {
 		t.key.WriteByte('0') // an empty map is not nil
 	}
+}
+
+// attributesKey writes m's content (names sorted, each value with its kind, lists with
+// their length) to t.key and returns it. The map itself is the largest part of a device
+// (slices.MaxDynamicMIGAttributes); the devices of one MIG profile on one GPU have equal
+// maps, and share one.
+func (t *SliceTransform) attributesKey(m map[resourceapi.QualifiedName]resourceapi.DeviceAttribute) string {
+	t.key.Reset()
+	for _, k := range sortedKeys(m) {
+		a := m[k]
+		t.name(string(k))
+		if a.IntValue != nil {
+			t.key.WriteString("i" + strconv.FormatInt(*a.IntValue, 10) + ";")
+		}
+		if a.BoolValue != nil {
+			t.key.WriteString("b" + strconv.FormatBool(*a.BoolValue) + ";")
+		}
+		if a.StringValue != nil {
+			t.key.WriteByte('s')
+			t.name(*a.StringValue)
+		}
+		if a.VersionValue != nil {
+			t.key.WriteByte('v')
+			t.name(*a.VersionValue)
+		}
+		// A nil and an empty list differ for a reader that serializes; keep them apart.
+		if a.IntValues != nil {
+			t.key.WriteString("I" + strconv.Itoa(len(a.IntValues)))
+			for _, v := range a.IntValues {
+				t.key.WriteString("," + strconv.FormatInt(v, 10))
+			}
+		}
+		if a.BoolValues != nil {
+			t.key.WriteString("B" + strconv.Itoa(len(a.BoolValues)))
+			for _, v := range a.BoolValues {
+				t.key.WriteString("," + strconv.FormatBool(v))
+			}
+		}
+		if a.StringValues != nil {
+			t.key.WriteString("S" + strconv.Itoa(len(a.StringValues)))
+			for _, v := range a.StringValues {
+				t.name(v)
+			}
+		}
+		if a.VersionValues != nil {
+			t.key.WriteString("V" + strconv.Itoa(len(a.VersionValues)))
+			for _, v := range a.VersionValues {
+				t.name(v)
+			}
+		}
+		t.key.WriteByte('|')
+	}
+	if len(m) == 0 {
+		t.key.WriteByte('0') // an empty map is not nil
+	}
+	return t.key.String()
 }
 
 func (t *SliceTransform) capacityKey(m map[resourceapi.QualifiedName]resourceapi.DeviceCapacity) string {

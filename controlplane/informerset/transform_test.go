@@ -121,6 +121,19 @@ func odd() *resourceapi.ResourceSlice {
 				{Name: "d2", Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{"m": {Value: *q("1Gi")}}, ConsumesCounters: []resourceapi.DeviceCounterConsumption{}},
 				{Name: "d3", Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{}, ConsumesCounters: []resourceapi.DeviceCounterConsumption{{CounterSet: "a"}}},
 				{Name: "d4", Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{"m": {Value: *q("1G")}}, ConsumesCounters: []resourceapi.DeviceCounterConsumption{{CounterSet: "a", Counters: map[string]resourceapi.Counter{}}}},
+				// Attribute maps: d5 equals d0's; d6-d9 differ from it, and from each other,
+				// only in a value's kind, a list's presence or a list's length.
+				{Name: "d5", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+					"s": {StringValue: ptr.To("1")}, "v": {VersionValue: ptr.To("1.0.0")}, "i": {IntValue: ptr.To(int64(1))},
+					"b": {BoolValue: ptr.To(true)}, "f": {BoolValue: ptr.To(false)}, "l": {IntValues: []int64{1, 2}, StringValues: []string{"a"}},
+				}},
+				{Name: "d6", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+					"s": {StringValue: ptr.To("1")}, "v": {VersionValue: ptr.To("1.0.0")}, "i": {IntValue: ptr.To(int64(1))},
+					"b": {BoolValue: ptr.To(true)}, "f": {BoolValue: ptr.To(false)}, "l": {IntValues: []int64{1, 2}, StringValues: []string{"a"}, BoolValues: []bool{}},
+				}},
+				{Name: "d7", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"s": {VersionValue: ptr.To("1")}}},
+				{Name: "d8", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"s": {StringValue: ptr.To("1")}}},
+				{Name: "d9", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"s": {StringValues: []string{"1"}}}},
 			},
 		},
 	}
@@ -201,6 +214,34 @@ func TestSliceTransformKeepsEverything(t *testing.T) {
 	if a.Attributes[contract.AttrProfile].StringValue != b.Attributes[contract.AttrProfile].StringValue {
 		t.Error("profile attribute value not shared")
 	}
+	// The dynamic MIG devices of one profile on one GPU share one attribute map: 7 maps
+	// for the 25 devices of each H100; devices of different profiles or GPUs do not.
+	maps := map[string]map[uintptr]bool{} // parent UUID/profile -> distinct maps
+	all := map[uintptr]string{}
+	for _, s := range in {
+		if s.Spec.Pool.Name != "n1" {
+			continue
+		}
+		for i := range s.Spec.Devices {
+			d := &s.Spec.Devices[i]
+			if contract.TypeOf(d) != contract.TypeMIG {
+				continue
+			}
+			group := contract.StringAttr(d, contract.AttrParentUUID) + "/" + contract.StringAttr(d, contract.AttrProfile)
+			p := reflect.ValueOf(d.Attributes).Pointer()
+			if other, ok := all[p]; ok && other != group {
+				t.Errorf("devices of %s and %s share an attribute map", group, other)
+			}
+			all[p] = group
+			if maps[group] == nil {
+				maps[group] = map[uintptr]bool{}
+			}
+			maps[group][p] = true
+		}
+	}
+	if len(maps) != 8*7 || len(all) != len(maps) {
+		t.Errorf("n1's dynamic MIG devices hold %d attribute maps in %d (GPU, profile) groups, want one for each of 56", len(all), len(maps))
+	}
 	// Values that differ are not shared.
 	if c := odd(); true {
 		tr.Slice(c)
@@ -210,6 +251,17 @@ func TestSliceTransformKeepsEverything(t *testing.T) {
 		}
 		if reflect.ValueOf(d[2].Capacity).Pointer() == reflect.ValueOf(d[4].Capacity).Pointer() {
 			t.Error("1Gi and 1G shared")
+		}
+		if reflect.ValueOf(d[0].Attributes).Pointer() != reflect.ValueOf(d[5].Attributes).Pointer() {
+			t.Error("equal attribute maps not shared")
+		}
+		seen := map[uintptr]string{}
+		for _, dev := range append([]resourceapi.Device{d[0], d[1]}, d[6:]...) {
+			p := reflect.ValueOf(dev.Attributes).Pointer()
+			if other, ok := seen[p]; ok {
+				t.Errorf("the different attribute maps of %s and %s shared", dev.Name, other)
+			}
+			seen[p] = dev.Name
 		}
 		x0, x1 := c.Spec.SharedCounters[0].Counters["x"].Value, c.Spec.SharedCounters[1].Counters["x"].Value
 		if x0.String() != "1" || x1.String() != "1" {
