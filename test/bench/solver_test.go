@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"runtime/pprof"
 	"sort"
 	"strconv"
@@ -281,7 +282,9 @@ func BenchmarkSnapshot(b *testing.B) {
 // the objects (as the informers hold them), two cycles' incremental snapshots, and a
 // 64-pod gang solved on the second. It reports the Go heap in use after a GC (heap-MiB) and
 // the process's peak resident set (VmHWM, rss-peak-MiB; the test binary's, which includes
-// the benchmark harness). The objects are built in-process, so an informer's indexes are not
+// the benchmark harness and the building of the state, and of every variant run before in
+// the process), and its resident set once free memory is returned to the OS (rss-held-MiB:
+// the state's, with no GC headroom). The objects are built in-process, so an informer's indexes are not
 // counted; the decoded variants hold the slices as an informer does (decoded from protobuf,
 // with managedFields), without and with the scheduler's informer transform. The
 // partitionable-mig variants publish fixture.PartitionableSlices (4 attributes per MIG
@@ -332,8 +335,16 @@ func BenchmarkSchedulerMemory(b *testing.B) {
 				runtime.ReadMemStats(&ms)
 				b.ReportMetric(float64(ms.HeapInuse)/(1<<20), "heap-MiB")
 				b.ReportMetric(float64(len(in.Pods)), "pods")
-				if hwm, ok := peakRSS(); ok {
+				if hwm, ok := procStatus("VmHWM"); ok {
 					b.ReportMetric(float64(hwm)/(1<<20), "rss-peak-MiB")
+				}
+				// What the process keeps resident for the state once the garbage of
+				// building it is returned to the OS (as the runtime's scavenger does
+				// on an idle scheduler): the RSS of the held state, without the GC's
+				// headroom for allocation during work (GOGC).
+				debug.FreeOSMemory()
+				if rss, ok := procStatus("VmRSS"); ok {
+					b.ReportMetric(float64(rss)/(1<<20), "rss-held-MiB")
 				}
 				if path := os.Getenv("BENCH_HEAP_PROFILE"); path != "" {
 					// What holds the heap while the state is alive (-memprofile is written
@@ -403,14 +414,15 @@ func writeHeapProfile(b *testing.B, path string) {
 	}
 }
 
-// peakRSS reads the process's peak resident set size (VmHWM) from /proc/self/status.
-func peakRSS() (int64, bool) {
+// procStatus reads a size field of /proc/self/status in bytes: VmHWM, the peak resident
+// set; VmRSS, the resident set now.
+func procStatus(field string) (int64, bool) {
 	data, err := os.ReadFile("/proc/self/status")
 	if err != nil {
 		return 0, false
 	}
 	for _, line := range strings.Split(string(data), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+		if rest, ok := strings.CutPrefix(line, field+":"); ok {
 			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
 			return kb << 10, err == nil
 		}
