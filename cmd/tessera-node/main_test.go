@@ -130,6 +130,10 @@ func TestBadConfigExits(t *testing.T) {
 		r := runBinary(t, "--node-name=n1", "--backend=mock:dgxh100", "--orphan-mig=all")
 		expectCleanFailure(t, r, `--orphan-mig must be one of [destroy keep report], got "all"`)
 	})
+	t.Run("bad memory limit ratio", func(t *testing.T) {
+		r := runBinary(t, "--node-name=n1", "--backend=mock:dgxh100", "--memory-limit-ratio=-0.5")
+		expectCleanFailure(t, r, `--memory-limit-ratio must be in [0, 1], got -0.5`)
+	})
 	t.Run("bad mps daemon", func(t *testing.T) {
 		r := runBinary(t, "--node-name=n1", "--backend=mock:dgxh100", "--mps-daemon=systemd")
 		expectCleanFailure(t, r, `--mps-daemon must be pod or process, got "systemd"`)

@@ -26,6 +26,7 @@ import (
 	"k8s.io/component-base/metrics"
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-gpu/tessera/cmd/internal/gomemlimit"
 	"github.com/tessera-gpu/tessera/cmd/internal/kubeconfig"
 	"github.com/tessera-gpu/tessera/draplugin"
 	"github.com/tessera-gpu/tessera/draplugin/cdi"
@@ -41,15 +42,18 @@ import (
 )
 
 type options struct {
-	nodeName       string
-	kubeconfig     string
-	backend        string
-	configPath     string
-	resyncPeriod   time.Duration
-	startupTimeout time.Duration
-	benignXIDs     []uint
-	xidRecovery    time.Duration
-	probeInterval  time.Duration
+	// memoryLimitRatio: the Go runtime's soft memory limit as a share of the
+	// container's (cmd/internal/gomemlimit).
+	memoryLimitRatio float64
+	nodeName         string
+	kubeconfig       string
+	backend          string
+	configPath       string
+	resyncPeriod     time.Duration
+	startupTimeout   time.Duration
+	benignXIDs       []uint
+	xidRecovery      time.Duration
+	probeInterval    time.Duration
 
 	// The kubelet DRA plugin.
 	registrarDir string
@@ -89,6 +93,7 @@ const DefaultSecurePort = 10358
 func newOptions() *options {
 	o := &options{
 		nodeName:            os.Getenv("NODE_NAME"),
+		memoryLimitRatio:    gomemlimit.DefaultRatio,
 		backend:             nvmlbackend.Real,
 		resyncPeriod:        time.Minute,
 		startupTimeout:      30 * time.Second,
@@ -186,6 +191,7 @@ func (u unconfiguredLauncher) Describe(context.Context, string) string    { retu
 
 func (o *options) addFlags(fs *pflag.FlagSet) {
 	o.addPluginFlags(fs)
+	fs.Float64Var(&o.memoryLimitRatio, "memory-limit-ratio", o.memoryLimitRatio, gomemlimit.FlagUsage)
 	fs.StringVar(&o.nodeName, "node-name", o.nodeName, "Name of the Node this agent runs on (default $NODE_NAME).")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Path to a kubeconfig; empty: $KUBECONFIG, else the in-cluster service account.")
 	fs.StringVar(&o.backend, "backend", o.backend, fmt.Sprintf("NVML backend: %q (libnvidia-ml.so.1), %q, or %q<machine>[?gpus=N] with machine one of %s.", nvmlbackend.Real, nvmlbackend.Real+":<library path>", nvmlbackend.MockPrefix, strings.Join(nvmlbackend.MockMachines(), ", ")))
@@ -212,6 +218,9 @@ func (o *options) applyLogging() error {
 func (o *options) validate() (*partition.Config, error) {
 	if o.nodeName == "" {
 		return nil, errors.New("--node-name (or $NODE_NAME) is required")
+	}
+	if err := gomemlimit.Validate(o.memoryLimitRatio); err != nil {
+		return nil, err
 	}
 	if o.resyncPeriod <= 0 {
 		return nil, fmt.Errorf("--resync-period must be positive, got %s", o.resyncPeriod)
@@ -321,6 +330,7 @@ func run(ctx context.Context, o *options, components []agent.Component) error {
 	if err != nil {
 		return err
 	}
+	gomemlimit.Apply(logger, o.memoryLimitRatio)
 	lib, err := nvmlbackend.Open(o.backend)
 	if err != nil {
 		return err

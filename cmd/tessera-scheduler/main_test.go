@@ -23,6 +23,7 @@ func TestBadFlagsAreNamed(t *testing.T) {
 		"--consolidation-max-pods=-1":                                       "--consolidation-max-pods must not be negative",
 		"--usage-weight=-1":                                                 "--usage-weight must not be negative",
 		"--unfit-retry=-1s":                                                 "--unfit-retry must not be negative",
+		"--memory-limit-ratio=1.5":                                          "--memory-limit-ratio must be in [0, 1]",
 	} {
 		fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
 		o := newOptions()

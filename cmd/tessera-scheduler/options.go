@@ -14,6 +14,7 @@ import (
 	"k8s.io/component-base/featuregate"
 	logsapi "k8s.io/component-base/logs/api/v1"
 
+	"github.com/tessera-gpu/tessera/cmd/internal/gomemlimit"
 	"github.com/tessera-gpu/tessera/contract"
 	"github.com/tessera-gpu/tessera/internal/secureserve"
 )
@@ -63,6 +64,9 @@ type options struct {
 	serving *secureserve.Options
 	// profiling serves /debug/pprof beside /metrics (the kube-scheduler's --profiling).
 	profiling bool
+	// memoryLimitRatio is the share of the container's memory limit given to the Go
+	// runtime as its soft limit (cmd/internal/gomemlimit).
+	memoryLimitRatio float64
 }
 
 // DefaultSecurePort is where the HTTPS endpoint listens by default (the
@@ -105,6 +109,7 @@ func newOptions() *options {
 		featureGate:        featuregate.NewFeatureGate(),
 		serving:            secureserve.NewOptions("tessera-scheduler", DefaultSecurePort),
 		profiling:          true,
+		memoryLimitRatio:   gomemlimit.DefaultRatio,
 	}
 	if o.leaseNamespace == "" {
 		o.leaseNamespace = "kube-system"
@@ -155,6 +160,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.shadowReportTTL, "shadow-report-ttl", o.shadowReportTTL, "With --shadow: reports of gangs that ended are deleted this long after; negative keeps them.")
 	fs.BoolVar(&o.shadowAllGangs, "shadow-all-gangs", o.shadowAllGangs, "With --shadow: report every gang, not only AI gangs (more than one pod, or pods with ResourceClaims or extended resources).")
 	o.serving.AddFlags(fs, "metrics-bind-address", "/metrics, /healthz, /readyz and /livez")
+	fs.Float64Var(&o.memoryLimitRatio, "memory-limit-ratio", o.memoryLimitRatio, gomemlimit.FlagUsage)
 	fs.BoolVar(&o.profiling, "profiling", o.profiling, "Serve Go profiles at /debug/pprof on the same endpoints as /metrics, behind the same authentication and authorization (get on the non-resource URL; the kube-scheduler's --profiling).")
 	logsapi.AddFlags(o.logging, fs)
 	o.featureGate.AddFlag(fs)
@@ -168,6 +174,9 @@ func (o *options) applyLogging() error {
 }
 
 func (o *options) validate() error {
+	if err := gomemlimit.Validate(o.memoryLimitRatio); err != nil {
+		return err
+	}
 	switch {
 	case o.schedulerName == "":
 		return errors.New("--scheduler-name must not be empty")

@@ -13,6 +13,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/catalog"
 	"github.com/tessera-gpu/tessera/catalog/resolver"
+	"github.com/tessera-gpu/tessera/cmd/internal/gomemlimit"
 	"github.com/tessera-gpu/tessera/cmd/internal/kubeconfig"
 	"github.com/tessera-gpu/tessera/controlplane/mapper"
 	"github.com/tessera-gpu/tessera/controlplane/scheduler"
@@ -25,6 +26,7 @@ func run(ctx context.Context, o *options) error {
 		return err
 	}
 	logger := klog.FromContext(ctx)
+	gomemlimit.Apply(logger, o.memoryLimitRatio)
 	cfg, err := kubeconfig.Load(kubeconfig.Options{Path: o.kubeconfig, UserAgent: "tessera-scheduler"})
 	if err != nil {
 		return err
