@@ -10,6 +10,9 @@ import (
 
 	"github.com/spf13/cobra"
 	"k8s.io/component-base/logs"
+	// client-go's metrics on /metrics (rest_client_requests_total, rest_client_rate_limiter_duration_seconds,
+	// workqueue_*, leader_election_*), registered as the kubelet registers them.
+	_ "k8s.io/component-base/metrics/prometheus/clientgo"
 
 	"github.com/tessera-gpu/tessera/cmd/internal/version"
 	"github.com/tessera-gpu/tessera/nodeagent/agent"

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -8,6 +9,9 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 )
 
 // TestFlagsReachSchedulerOptions: the flags whose 0 means "off" become the Options' -1 (whose
@@ -61,6 +65,34 @@ func TestProfilingEndpoints(t *testing.T) {
 			if path == "/debug/pprof/" && want == http.StatusOK && !strings.Contains(rec.Body.String(), "goroutine") {
 				t.Errorf("%q: GET %s does not list the goroutine profile:\n%s", tc.args, path, rec.Body.String())
 			}
+		}
+	}
+}
+
+// TestClientMetricsServed: client-go's request and rate-limiter metrics are on /metrics, as
+// the kube-scheduler serves them (operators and the fair benchmark read client-side
+// throttling from rest_client_rate_limiter_duration_seconds).
+func TestClientMetricsServed(t *testing.T) {
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"kind":"NodeList","apiVersion":"v1","items":[]}`))
+	}))
+	defer api.Close()
+	kube, err := kubernetes.NewForConfig(&rest.Config{Host: api.URL, QPS: 50, Burst: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // the second waits about 20 ms for the limiter
+		if _, err := kube.CoreV1().Nodes().List(context.Background(), metav1.ListOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	o := newOptions()
+	rec := httptest.NewRecorder()
+	endpointsHandler(o).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	for _, want := range []string{`rest_client_requests_total{code="200"`, `rest_client_rate_limiter_duration_seconds_count{`} {
+		if !strings.Contains(rec.Body.String(), want) {
+			t.Errorf("/metrics has no %s", want)
 		}
 	}
 }
