@@ -139,6 +139,8 @@ type kueueResult struct {
 	load          string
 	maxGPUs       map[string]int64 // most GPUs bound per queue at any time
 	throttled     int              // client-side throttling lines of the scheduling side
+	throttleWait  float64          // seconds the schedulers' requests waited for their client-side limits (Kueue's not read)
+	throttledReqs int              // and how many waited more than 5 ms
 	kcmThrottled  int              // and of the kube-controller-manager
 }
 
@@ -150,9 +152,9 @@ func (r kueueResult) podsPerSec() float64 {
 }
 
 func (r kueueResult) describe() string {
-	return fmt.Sprintf("cold %v, %d pods created by %v, admitted all in %v, bound all in %v (%d pods, %d pending, %.0f pods/s), jobs admitted a=%d b=%d (%d beyond quota), most GPUs bound a=%d b=%d, %d quota violations%s; %.1f CPU-s, peak RSS %.0f MiB, %.2f reads + %.2f writes per pod, %d throttling lines (kube-controller-manager %d), load average %s",
+	return fmt.Sprintf("cold %v, %d pods created by %v, admitted all in %v, bound all in %v (%d pods, %d pending, %.0f pods/s), jobs admitted a=%d b=%d (%d beyond quota), most GPUs bound a=%d b=%d, %d quota violations%s; %.1f CPU-s, peak RSS %.0f MiB, %.2f reads + %.2f writes per pod, scheduler client-side throttling: requests waited %.2f s in sum, %d of them > 5 ms, %d throttling lines (kube-controller-manager %d), load average %s",
 		r.cold.Round(time.Millisecond), r.created, r.created1.Round(time.Millisecond), r.admit.Round(time.Millisecond), r.bind.Round(time.Millisecond), r.pods, r.pending, r.podsPerSec(),
-		r.admitted["a"], r.admitted["b"], r.extra, r.maxGPUs["a"], r.maxGPUs["b"], r.violations, r.violation, r.cpu, r.peakRSS, r.reads, r.writes, r.throttled, r.kcmThrottled, r.load)
+		r.admitted["a"], r.admitted["b"], r.extra, r.maxGPUs["a"], r.maxGPUs["b"], r.violations, r.violation, r.cpu, r.peakRSS, r.reads, r.writes, r.throttleWait, r.throttledReqs, r.throttled, r.kcmThrottled, r.load)
 }
 
 // fairKueue runs the pair -fair-runs times per side, order alternated, and returns its row.
@@ -294,6 +296,11 @@ func kueueRun(b *testing.B, env *fairEnv, shape kueueShape, which string, run in
 		cpu, rss := processUsage(b, p.pid())
 		res.cpu += cpu
 		res.peakRSS += rss
+		if p.metricsURL != "" { // a scheduler
+			w, n := p.clientThrottling(ctx, b)
+			res.throttleWait += w
+			res.throttledReqs += n
+		}
 	}
 	reads1, writes1 := apiRequests(ctx, b, kube)
 	for _, p := range procs {

@@ -27,6 +27,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
@@ -67,7 +68,8 @@ var (
 // Per run: pods/s, throughput sampled every second (average and percentiles as
 // scheduler_perf's SchedulingThroughput), the scheduler process's CPU-seconds and peak
 // RSS, the API requests per pod the API server served (all clients), client-side
-// throttling lines in the scheduler's log, and placement quality (fair_quality_test.go): nodes
+// throttling (the scheduler's rest_client_rate_limiter_duration_seconds from its /metrics,
+// and client-go's throttling lines in its log), and placement quality (fair_quality_test.go): nodes
 // used, free GPUs on partly used nodes, the largest gang of 8-GPU pods that still fits,
 // and violations (partial gangs, topology, double allocations; each must be 0).
 // Run with -benchtime=1x (make bench-e2e).
@@ -149,6 +151,8 @@ type fairResult struct {
 	peakRSS       float64       // MiB
 	reads, writes float64       // API requests (not watches) per pod, all clients
 	throttled     int           // client-side throttling lines in the scheduler's log
+	throttleWait  float64       // seconds the scheduler's requests waited for its client-side limit
+	throttledReqs int           // its requests that waited more than 5 ms for it
 	load          string        // load average when the measured scheduler started
 	quality       quality
 
@@ -167,8 +171,8 @@ func (r fairResult) podsPerSec() float64 {
 }
 
 func (r fairResult) describe(sc scenario) string {
-	common := fmt.Sprintf("%.1f CPU-s, peak RSS %.0f MiB, %.2f reads + %.2f writes per pod, %d throttling lines, load average %s; %s",
-		r.cpu, r.peakRSS, r.reads, r.writes, r.throttled, r.load, r.quality)
+	common := fmt.Sprintf("%.1f CPU-s, peak RSS %.0f MiB, %.2f reads + %.2f writes per pod, client-side throttling: requests waited %.2f s in sum, %d of them > 5 ms (%d log lines), load average %s; %s",
+		r.cpu, r.peakRSS, r.reads, r.writes, r.throttleWait, r.throttledReqs, r.throttled, r.load, r.quality)
 	switch {
 	case sc.unfit:
 		return fmt.Sprintf("%d pods of unfit gangs waiting (%d bound): %.1f CPU ms/s, %.2f API writes/s; %s", r.pods, r.pods-r.pending, r.idleCPU, r.idleWrites, common)
@@ -203,12 +207,13 @@ func spreadOf(v []float64) spread {
 type fairSummary struct {
 	podsPerSec, avg, p50, p90, p99, cold, cpuMsPerPod, rss, reads, writes, pending spread
 	latP50, latP99, achieved, idleCPU, idleWrites                                  spread
-	throttled                                                                      int
+	throttled, throttledReqs                                                       int
+	throttleWait                                                                   float64
 	quality                                                                        string // of the median run by pods/s (the first run's otherwise)
 }
 
 func (s fairSummary) describe(sc scenario) string {
-	common := fmt.Sprintf("CPU ms/pod %v, peak RSS MiB %v, reads/pod %v, writes/pod %v, throttling lines %d", s.cpuMsPerPod, s.rss, s.reads, s.writes, s.throttled)
+	common := fmt.Sprintf("CPU ms/pod %v, peak RSS MiB %v, reads/pod %v, writes/pod %v, client-side throttling: requests waited %.2f s in sum over the runs, %d of them > 5 ms (%d log lines)", s.cpuMsPerPod, s.rss, s.reads, s.writes, s.throttleWait, s.throttledReqs, s.throttled)
 	switch {
 	case sc.unfit:
 		return fmt.Sprintf("CPU ms/s %v, API writes/s %v, pods left waiting %v (all must be); %s", s.idleCPU, s.idleWrites, s.pending, common)
@@ -256,6 +261,8 @@ func summarize(rs []fairResult) fairSummary {
 	s.idleWrites = col(func(r fairResult) float64 { return r.idleWrites })
 	for _, r := range rs {
 		s.throttled += r.throttled
+		s.throttleWait += r.throttleWait
+		s.throttledReqs += r.throttledReqs
 	}
 	if len(rs) > 0 {
 		med := rs[0]
@@ -353,6 +360,7 @@ func fairRun(b *testing.B, env *fairEnv, sc scenario, which string, run int) fai
 	}
 	p.exitedCheck(b, label)
 	cpu, rss := processUsage(b, p.pid())
+	res.throttleWait, res.throttledReqs = p.clientThrottling(ctx, b)
 	reads1, writes1 := apiRequests(ctx, b, kube)
 	p.stop()
 	res.cpu, res.peakRSS = cpu, rss
@@ -413,8 +421,13 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 
 // schedProc is a running scheduler process.
 type schedProc struct {
-	// debugAddr is tessera-scheduler's plain-HTTP endpoint (host:port) with -fair-cpu-profile.
+	// debugAddr is tessera-scheduler's plain-HTTP endpoint (host:port): /metrics, and
+	// /debug/pprof for -fair-cpu-profile.
 	debugAddr string
+	// metricsURL and metrics are where and how the scheduler's /metrics is read (the
+	// kube-scheduler's over HTTPS with the control plane's admin token).
+	metricsURL string
+	metrics    *http.Client
 	cmd       *exec.Cmd
 	start     time.Time
 	log       string
@@ -464,13 +477,13 @@ func startScheduler(b *testing.B, env *fairEnv, sc scenario, which, kubeconfig, 
 			fmt.Sprintf("--catalog=%t", sc.catalog), "--workload-definitions=false",
 			fmt.Sprintf("--kube-api-qps=%d", *fairQPS), fmt.Sprintf("--kube-api-burst=%d", 2**fairQPS), "--v=1")
 		cmd.Args = append(cmd.Args, strings.Fields(*fairTessera)...)
-		if *fairProfile != "" && sc.churn {
-			addr := freeLoopbackAddr(b)
-			cmd.Args = append(cmd.Args, "--metrics-bind-address="+addr)
-			p := startProcess(b, cmd, logPath)
-			p.debugAddr = addr
-			return p
-		}
+		// Plain HTTP on loopback: /metrics for the client-side throttling check, and
+		// /debug/pprof for -fair-cpu-profile.
+		addr := freeLoopbackAddr(b)
+		cmd.Args = append(cmd.Args, "--metrics-bind-address="+addr)
+		p := startProcess(b, cmd, logPath)
+		p.debugAddr, p.metricsURL, p.metrics = addr, "http://"+addr+"/metrics", http.DefaultClient
+		return p
 	} else {
 		percentage := ""
 		if *fairScore > 0 {
@@ -497,9 +510,15 @@ profiles:
 		if err := os.WriteFile(cfgPath, []byte(config), 0o600); err != nil {
 			b.Fatal(err)
 		}
+		// Its /metrics is HTTPS only, with delegated authentication and authorization:
+		// the admin token passes both.
+		_, port, err := net.SplitHostPort(freeLoopbackAddr(b))
+		if err != nil {
+			b.Fatal(err)
+		}
 		args := []string{"--config=" + cfgPath,
 			"--authentication-kubeconfig=" + kubeconfig, "--authorization-kubeconfig=" + kubeconfig,
-			"--bind-address=127.0.0.1", "--secure-port=0", "--v=1"}
+			"--bind-address=127.0.0.1", "--secure-port=" + port, "--v=1"}
 		if len(sc.stockGates) > 0 {
 			var g []string
 			for _, name := range sc.stockGates {
@@ -508,8 +527,83 @@ profiles:
 			args = append(args, "--feature-gates="+strings.Join(g, ","))
 		}
 		cmd = exec.Command(filepath.Join(env.binDir, "kube-scheduler"), args...)
+		p := startProcess(b, cmd, logPath)
+		p.metricsURL, p.metrics = "https://127.0.0.1:"+port+"/metrics", adminHTTPClient(b, kubeconfig)
+		return p
 	}
-	return startProcess(b, cmd, logPath)
+}
+
+// adminHTTPClient is an HTTP client with the kubeconfig's credentials that accepts any
+// server certificate (the kube-scheduler's is self-signed, made at its start).
+func adminHTTPClient(b *testing.B, kubeconfig string) *http.Client {
+	b.Helper()
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg = &rest.Config{BearerToken: cfg.BearerToken, TLSClientConfig: rest.TLSClientConfig{Insecure: true}}
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return hc
+}
+
+// clientThrottling reads client-go's rate-limiter histogram from the scheduler's /metrics
+// (rest_client_rate_limiter_duration_seconds, every client of the process): the seconds its
+// requests waited for the client-side limit, and how many waited more than 5 ms. Unlike
+// client-go's log line, which is written only for waits over 1 s at the default verbosity,
+// it counts every wait, and it reads the same on both schedulers.
+func (p *schedProc) clientThrottling(ctx context.Context, b *testing.B) (waitSeconds float64, waited int) {
+	b.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.metricsURL, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	resp, err := p.metrics.Do(req)
+	if err != nil {
+		b.Fatalf("scheduler metrics %s: %v", p.metricsURL, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		b.Fatalf("scheduler metrics %s: %s %v", p.metricsURL, resp.Status, err)
+	}
+	waitSeconds, waited, err = parseClientThrottling(body)
+	if err != nil {
+		b.Fatalf("scheduler metrics %s: %v", p.metricsURL, err)
+	}
+	return waitSeconds, waited
+}
+
+// parseClientThrottling sums rest_client_rate_limiter_duration_seconds over its label sets
+// in a Prometheus text exposition: the histogram's sum, and its count less its first
+// bucket (le="0.005"). A process with no rate-limited request has no such series.
+func parseClientThrottling(exposition []byte) (waitSeconds float64, waited int, err error) {
+	const name = "rest_client_rate_limiter_duration_seconds"
+	var count, fast float64
+	sc := bufio.NewScanner(bytes.NewReader(exposition))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, name+"_") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		v, perr := strconv.ParseFloat(line[i+1:], 64)
+		if perr != nil {
+			return 0, 0, fmt.Errorf("%q: %w", line, perr)
+		}
+		switch {
+		case strings.HasPrefix(line, name+"_sum"):
+			waitSeconds += v
+		case strings.HasPrefix(line, name+"_count"):
+			count += v
+		case strings.HasPrefix(line, name+"_bucket") && strings.Contains(line, `le="0.005"`):
+			fast += v
+		}
+	}
+	return waitSeconds, int(count - fast), sc.Err()
 }
 
 // freeLoopbackAddr is a loopback host:port nothing listened on a moment ago.
@@ -733,7 +827,7 @@ func (tr *tracker) churn(ctx context.Context, b *testing.B, kube kubernetes.Inte
 	if rate <= 0 {
 		rate = float64(*fairNodes) / 5
 	}
-	if p.debugAddr != "" {
+	if *fairProfile != "" && p.debugAddr != "" {
 		path := filepath.Join(*fairProfile, strings.NewReplacer("/", "-", " ", "-").Replace(label)+".pprof")
 		profiled := p.cpuProfile(ctx, *fairChurn, path)
 		defer func() {
