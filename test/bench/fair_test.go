@@ -428,12 +428,12 @@ type schedProc struct {
 	// kube-scheduler's over HTTPS with the control plane's admin token).
 	metricsURL string
 	metrics    *http.Client
-	cmd       *exec.Cmd
-	start     time.Time
-	log       string
-	logFile   *os.File
-	done      chan struct{}
-	once      sync.Once
+	cmd        *exec.Cmd
+	start      time.Time
+	log        string
+	logFile    *os.File
+	done       chan struct{}
+	once       sync.Once
 }
 
 func (p *schedProc) pid() int { return p.cmd.Process.Pid }
