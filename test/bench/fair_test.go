@@ -21,6 +21,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
@@ -576,34 +578,35 @@ func (p *schedProc) clientThrottling(ctx context.Context, b *testing.B) (waitSec
 	return waitSeconds, waited
 }
 
-// parseClientThrottling sums rest_client_rate_limiter_duration_seconds over its label sets
-// in a Prometheus text exposition: the histogram's sum, and its count less its first
-// bucket (le="0.005"). A process with no rate-limited request has no such series.
+// parseClientThrottling sums the histogram rest_client_rate_limiter_duration_seconds over its
+// label sets in a Prometheus text exposition (parsed with expfmt): its sum, and its count
+// less its first bucket (5 ms). A process with no rate-limited request has no such series.
 func parseClientThrottling(exposition []byte) (waitSeconds float64, waited int, err error) {
-	const name = "rest_client_rate_limiter_duration_seconds"
-	var count, fast float64
-	sc := bufio.NewScanner(bytes.NewReader(exposition))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, name+"_") {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		v, perr := strconv.ParseFloat(line[i+1:], 64)
-		if perr != nil {
-			return 0, 0, fmt.Errorf("%q: %w", line, perr)
-		}
-		switch {
-		case strings.HasPrefix(line, name+"_sum"):
-			waitSeconds += v
-		case strings.HasPrefix(line, name+"_count"):
-			count += v
-		case strings.HasPrefix(line, name+"_bucket") && strings.Contains(line, `le="0.005"`):
-			fast += v
-		}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(bytes.NewReader(exposition))
+	if err != nil {
+		return 0, 0, fmt.Errorf("metrics exposition: %w", err)
 	}
-	return waitSeconds, int(count - fast), sc.Err()
+	mf := families["rest_client_rate_limiter_duration_seconds"]
+	if mf == nil {
+		return 0, 0, nil
+	}
+	var slow uint64
+	for _, m := range mf.GetMetric() {
+		h := m.GetHistogram()
+		if h == nil {
+			return 0, 0, fmt.Errorf("rest_client_rate_limiter_duration_seconds is a %s, not a histogram", mf.GetType())
+		}
+		waitSeconds += h.GetSampleSum()
+		fast := uint64(0)
+		for _, bk := range h.GetBucket() {
+			if bk.GetUpperBound() <= 0.005 {
+				fast = bk.GetCumulativeCount()
+			}
+		}
+		slow += h.GetSampleCount() - fast
+	}
+	return waitSeconds, int(slow), nil
 }
 
 // freeLoopbackAddr is a loopback host:port nothing listened on a moment ago.

@@ -6,16 +6,16 @@
 // (docs/benchmarks.md) would reach about 3.5 GiB under a 2 GiB limit.
 //
 // The cgroup (v1 or v2) is read by github.com/KimMachineGun/automemlimit, the
-// library Prometheus and others use for the same purpose.
+// library Prometheus and others use for the same purpose. Its environment variables
+// apply as documented there: GOMEMLIMIT set leaves the runtime's limit alone, and
+// AUTOMEMLIMIT (a ratio, or "off") overrides the flag.
 package gomemlimit
 
 import (
 	"fmt"
-	"log/slog"
 	"runtime/debug"
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
-	"github.com/go-logr/logr"
 	"k8s.io/klog/v2"
 )
 
@@ -25,7 +25,7 @@ import (
 const DefaultRatio = 0.9
 
 // FlagUsage is the help text of each binary's --memory-limit-ratio flag.
-const FlagUsage = "Share of the container's memory limit (its cgroup's) given to the Go runtime as its soft memory limit, so the garbage collector works harder near the limit instead of the process being OOM-killed; 0 leaves the runtime's default. GOMEMLIMIT in the environment takes precedence."
+const FlagUsage = "Share of the container's memory limit (its cgroup's) given to the Go runtime as its soft memory limit, so the garbage collector works harder near the limit instead of the process being OOM-killed; 0 leaves the runtime's default. GOMEMLIMIT or AUTOMEMLIMIT in the environment takes precedence."
 
 // Validate checks a --memory-limit-ratio value.
 func Validate(ratio float64) error {
@@ -38,15 +38,15 @@ func Validate(ratio float64) error {
 // Set sets the runtime's soft memory limit to ratio × the cgroup's memory limit and
 // returns the limit now in force. With ratio 0, or GOMEMLIMIT set in the
 // environment, it changes nothing; a cgroup without a limit leaves none.
-func Set(logger klog.Logger, ratio float64) (int64, error) {
-	return set(logger, ratio, memlimit.FromCgroup)
+func Set(ratio float64) (int64, error) {
+	return set(ratio, memlimit.FromCgroup)
 }
 
 // Apply is Set for a binary's start: a cgroup that cannot be read is logged, not
 // fatal, and the binary runs as it would without the flag (the ratio was validated
 // with the other flags).
 func Apply(logger klog.Logger, ratio float64) {
-	limit, err := Set(logger, ratio)
+	limit, err := Set(ratio)
 	if err != nil {
 		logger.Error(err, "Go memory limit not set from the container's")
 		return
@@ -54,7 +54,8 @@ func Apply(logger klog.Logger, ratio float64) {
 	logger.V(1).Info("Go memory limit", "bytes", limit, "ratio", ratio)
 }
 
-func set(logger klog.Logger, ratio float64, provider memlimit.Provider) (int64, error) {
+// set leaves the library's logger off: its one error is the one returned, logged by Apply.
+func set(ratio float64, provider memlimit.Provider) (int64, error) {
 	if err := Validate(ratio); err != nil {
 		return debug.SetMemoryLimit(-1), err
 	}
@@ -64,7 +65,6 @@ func set(logger klog.Logger, ratio float64, provider memlimit.Provider) (int64, 
 	limit, err := memlimit.Set(
 		memlimit.WithRatio(ratio),
 		memlimit.WithProvider(provider),
-		memlimit.WithLogger(slog.New(logr.ToSlogHandler(logger.V(2)))),
 	)
 	if err != nil {
 		return limit, fmt.Errorf("go memory limit from the cgroup: %w", err)

@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
-	"k8s.io/klog/v2/ktesting"
 )
 
 // isolate restores the process's memory limit after the test and clears the
@@ -36,10 +35,9 @@ func counting(limit uint64, err error) (memlimit.Provider, *int) {
 
 func TestSetAppliesRatioOfCgroupLimit(t *testing.T) {
 	isolate(t)
-	logger, _ := ktesting.NewTestContext(t)
 	const container = 2 << 30 // a 2 GiB container
 	provider, _ := counting(container, nil)
-	got, err := set(logger, 0.9, provider)
+	got, err := set(0.9, provider)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,9 +61,8 @@ func TestSetLeavesLimitAlone(t *testing.T) {
 				t.Setenv("GOMEMLIMIT", tc.env)
 			}
 			before := debug.SetMemoryLimit(-1)
-			logger, _ := ktesting.NewTestContext(t)
 			provider, calls := counting(1<<30, nil)
-			got, err := set(logger, tc.ratio, provider)
+			got, err := set(tc.ratio, provider)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -79,9 +76,8 @@ func TestSetLeavesLimitAlone(t *testing.T) {
 func TestSetWithoutCgroupLimit(t *testing.T) {
 	isolate(t)
 	debug.SetMemoryLimit(1 << 30)
-	logger, _ := ktesting.NewTestContext(t)
 	provider, _ := counting(0, memlimit.ErrNoLimit)
-	got, err := set(logger, 0.9, provider)
+	got, err := set(0.9, provider)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,14 +89,13 @@ func TestSetWithoutCgroupLimit(t *testing.T) {
 func TestSetErrors(t *testing.T) {
 	isolate(t)
 	debug.SetMemoryLimit(3 << 30)
-	logger, _ := ktesting.NewTestContext(t)
 	unreadable := errors.New("open /sys/fs/cgroup/memory.max: permission denied")
 	provider, _ := counting(0, unreadable)
-	if _, err := set(logger, 0.9, provider); !errors.Is(err, unreadable) {
+	if _, err := set(0.9, provider); !errors.Is(err, unreadable) {
 		t.Errorf("error %v; want it to wrap %v", err, unreadable)
 	}
 	for _, bad := range []float64{-0.1, 1.5, math.NaN()} {
-		if _, err := set(logger, bad, provider); err == nil || !strings.Contains(err.Error(), "--memory-limit-ratio") {
+		if _, err := set(bad, provider); err == nil || !strings.Contains(err.Error(), "--memory-limit-ratio") {
 			t.Errorf("ratio %g: error %v; want one naming the flag", bad, err)
 		}
 	}
