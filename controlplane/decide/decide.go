@@ -12,6 +12,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"time"
 
@@ -354,17 +356,28 @@ func Decide(ctx context.Context, cfg Config, in Input, mem *Memory) *Decisions {
 	// Queues: charge what bound and terminating pods hold.
 	tree := quota.Build(in.Queues)
 	d.Queues = tree
+	// Summed per queue first, then charged once per queue (in name order, so that the sums
+	// are the same in every cycle): a Charge walks the queue's ancestors.
+	held := map[string]quota.Usage{}
 	counted := map[types.UID]bool{}
 	for _, g := range gangs {
 		if g.pg == nil || g.pg.Spec.Queue == "" {
 			continue
 		}
+		u := held[g.pg.Spec.Queue]
+		if u == nil {
+			u = quota.Usage{}
+			held[g.pg.Spec.Queue] = u
+		}
 		for _, p := range g.bound {
-			tree.Charge(g.pg.Spec.Queue, podUsage(snap, p, counted))
+			addPodUsage(u, snap, p, counted)
 		}
 		for _, p := range g.Terminating {
-			tree.Charge(g.pg.Spec.Queue, podUsage(snap, p, counted))
+			addPodUsage(u, snap, p, counted)
 		}
+	}
+	for _, q := range slices.Sorted(maps.Keys(held)) {
+		tree.Charge(q, held[q])
 	}
 
 	// Gangs ready to be placed, per queue.

@@ -170,21 +170,28 @@ func podClaims(snap *snapshot.Snapshot, pod *v1.Pod, g *gangState) (out []*resou
 	return out, consumers, missing, unusable
 }
 
-// podUsage is what a bound pod holds: its requests and, once per claim, its claims' GPU
-// units.
-func podUsage(snap *snapshot.Snapshot, p *v1.Pod, counted map[types.UID]bool) quota.Usage {
-	req := snap.Requests(p)
-	return quota.Usage{
-		v1alpha1.ResourceCPU:    req.Cpu().AsApproximateFloat64(),
-		v1alpha1.ResourceMemory: req.Memory().AsApproximateFloat64(),
-		v1alpha1.ResourceGPU:    podGPUUnits(snap, p, counted),
-	}
+// addPodUsage adds to u what a bound pod holds: its requests and, once per claim, its
+// claims' GPU units. It adds into u rather than returning a Usage of the pod's own, and
+// reads what the snapshot keeps of unchanged pods and claims: every cycle charges every
+// bound pod, and under churn that was most of a cycle's cost (docs/benchmarks.md).
+func addPodUsage(u quota.Usage, snap *snapshot.Snapshot, p *v1.Pod, counted map[types.UID]bool) {
+	cpu, memory := snap.RequestedCPUMemory(p)
+	u[v1alpha1.ResourceCPU] += cpu
+	u[v1alpha1.ResourceMemory] += memory
+	u[v1alpha1.ResourceGPU] += podGPUUnits(snap, p, counted)
 }
 
 // podGPUUnits is the GPU units of a bound pod's claims not counted yet (podUsage without the
 // requests, for where only GPUs matter).
 func podGPUUnits(snap *snapshot.Snapshot, p *v1.Pod, counted map[types.UID]bool) float64 {
-	var claims []*resourceapi.ResourceClaim
+	units := 0.0
+	add := func(c *resourceapi.ResourceClaim) {
+		if c == nil || counted[c.UID] || c.Status.Allocation == nil {
+			return
+		}
+		counted[c.UID] = true
+		units += snap.ClaimUnits(c)
+	}
 	for _, pc := range p.Spec.ResourceClaims {
 		name := ""
 		if pc.ResourceClaimName != nil {
@@ -195,22 +202,12 @@ func podGPUUnits(snap *snapshot.Snapshot, p *v1.Pod, counted map[types.UID]bool)
 				name = *st.ResourceClaimName
 			}
 		}
-		if c := snap.Claim(p.Namespace, name); name != "" && c != nil {
-			claims = append(claims, c)
+		if name != "" {
+			add(snap.Claim(p.Namespace, name))
 		}
 	}
 	if st := p.Status.ExtendedResourceClaimStatus; st != nil {
-		if c := snap.Claim(p.Namespace, st.ResourceClaimName); c != nil {
-			claims = append(claims, c)
-		}
-	}
-	units := 0.0
-	for _, c := range claims {
-		if counted[c.UID] || c.Status.Allocation == nil {
-			continue
-		}
-		counted[c.UID] = true
-		units += snap.AllocationUnits(c.Status.Allocation)
+		add(snap.Claim(p.Namespace, st.ResourceClaimName))
 	}
 	return units
 }

@@ -74,7 +74,7 @@ func units(base *snapshot.Snapshot, g *gangState) []victimUnit {
 		u := quota.Usage{}
 		counted := map[types.UID]bool{}
 		for _, p := range pods {
-			u.Add(podUsage(base, p, counted))
+			addPodUsage(u, base, p, counted)
 		}
 		return u
 	}

@@ -51,6 +51,10 @@ type incremental struct {
 	cfg    Config
 	gpuDrv sets.Set[string]
 	epoch  uint64
+	// devicesEpoch changes whenever what prices an allocation may have changed: a node's
+	// devices part, the network-attached slices or which node publishes a pool. Claims'
+	// units kept in their entries (ClaimUnits) are those of one devicesEpoch.
+	devicesEpoch uint64
 
 	nodes  map[string]*nodeEntry
 	slices map[string]*sliceEntry
@@ -125,14 +129,20 @@ type podEntry struct {
 	// node is spec.nodeName of a non-terminal pod, "" when the pod counts on no node.
 	node     string
 	requests v1.ResourceList
-	info     *framework.PodInfo
-	pvcKeys  []string
+	// cpu and memory are requests' as floats (Snapshot.RequestedCPUMemory).
+	cpu, memory float64
+	info        *framework.PodInfo
+	pvcKeys     []string
 }
 
 type claimEntry struct {
 	claim *resourceapi.ResourceClaim
 	epoch uint64
 	pools []poolKey
+	// units is AllocationUnits of the claim's allocation in devicesEpoch unitsEpoch (0:
+	// not known; set by Snapshot.ClaimUnits under the Cache's incMu).
+	units      float64
+	unitsEpoch uint64
 }
 
 func newIncremental(key configKey, cfg Config) *incremental {
@@ -178,11 +188,13 @@ func (b *incremental) update(in Input) *Snapshot {
 	b.updateClaims(in.Claims, ch)
 
 	// Devices first: they decide which node publishes which pool.
+	devicesChanged := len(ch.pools) > 0 || ch.sharedSlices || b.devicesEpoch == 0
 	for name, parts := range ch.dirty {
 		ne := b.nodes[name]
 		if ne == nil || (parts&partDevices == 0 && ne.st != nil) {
 			continue
 		}
+		devicesChanged = true
 		st := &nodeState{}
 		if ne.st != nil {
 			*st = *ne.st
@@ -240,6 +252,9 @@ func (b *incremental) update(in Input) *Snapshot {
 			b.sorted = append(b.sorted, name)
 		}
 		sort.Strings(b.sorted)
+	}
+	if devicesChanged || len(ch.pools) > 0 {
+		b.devicesEpoch++
 	}
 	b.publishClaims(ch.claimDelta)
 	return b.snapshot(in, ch.nodeSet)
@@ -328,6 +343,7 @@ func (b *incremental) updatePods(list []*v1.Pod, ch *changes) {
 		if p.Spec.NodeName != "" && !isTerminal(p) {
 			pe.node = p.Spec.NodeName
 			pe.requests = PodRequests(p)
+			pe.cpu, pe.memory = cpuMemory(pe.requests)
 			if info, err := framework.NewPodInfo(p); err == nil {
 				pe.info = info
 				for key := range framework.PodPVCKeys(p) {
@@ -651,7 +667,7 @@ func (b *incremental) snapshot(in Input, nodeSet bool) *Snapshot {
 	if nodeSet && b.cfg.Cache != nil {
 		b.cfg.Cache.retain(s.byName)
 	}
-	s.inc, s.epoch = b, b.epoch
+	s.inc, s.epoch, s.devicesEpoch = b, b.epoch, b.devicesEpoch
 	return s
 }
 

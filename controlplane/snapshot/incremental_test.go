@@ -402,3 +402,61 @@ func diff(got, want string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// TestIncrementalKeepsUsage: what a Cache snapshot keeps of unchanged pods and claims for the
+// policy's queue charges (RequestedCPUMemory, ClaimUnits) is what a snapshot built from
+// scratch computes, across random changes — nodes republishing their slices with other
+// devices (a MIG device a claim holds gone, its GPU whole again), pools moving between
+// nodes, claims and pods replaced — and a snapshot of an earlier cycle keeps answering
+// with its own devices after later updates.
+func TestIncrementalKeepsUsage(t *testing.T) {
+	for seed := int64(1); seed <= 40; seed++ {
+		w := newWorld(seed)
+		cache := snapshot.NewCache()
+		cfg := snapshot.Config{Features: features, CELCache: snapshot.NewCELCache(features)}
+		var prev *snapshot.Snapshot
+		var prevUnits map[*resourceapi.ResourceClaim]float64
+		changed := 0
+		for cycle := 0; cycle < 30; cycle++ {
+			in := w.input()
+			got := cache.Snapshot(in, cfg)
+			want := snapshot.New(in, snapshot.Config{Features: features})
+			units := map[*resourceapi.ResourceClaim]float64{}
+			for _, c := range in.Claims {
+				wantUnits := want.AllocationUnits(c.Status.Allocation)
+				// Twice: the first may compute and keep it, the second reads what was kept.
+				for range 2 {
+					if u := got.ClaimUnits(c); u != wantUnits {
+						t.Fatalf("seed %d cycle %d: ClaimUnits(%s) = %v, built from scratch %v", seed, cycle, c.Name, u, wantUnits)
+					}
+				}
+				if old, ok := prevUnits[c]; ok && old != wantUnits {
+					changed++
+				}
+				units[c] = wantUnits
+			}
+			for _, p := range in.Pods {
+				wc, wm := want.RequestedCPUMemory(p)
+				req := snapshot.PodRequests(p)
+				if wc != req.Cpu().AsApproximateFloat64() || wm != req.Memory().AsApproximateFloat64() {
+					t.Fatalf("seed %d cycle %d: RequestedCPUMemory(%s) of a new snapshot = %v, %v; requests %v", seed, cycle, p.Name, wc, wm, req)
+				}
+				if c, m := got.RequestedCPUMemory(p); c != wc || m != wm {
+					t.Fatalf("seed %d cycle %d: RequestedCPUMemory(%s) = %v, %v, built from scratch %v, %v", seed, cycle, p.Name, c, m, wc, wm)
+				}
+			}
+			if prev != nil {
+				for c, u := range prevUnits {
+					if g := prev.ClaimUnits(c); g != u {
+						t.Fatalf("seed %d cycle %d: the previous cycle's snapshot says ClaimUnits(%s) = %v after an update, it said %v", seed, cycle, c.Name, g, u)
+					}
+				}
+			}
+			prev, prevUnits = got, units
+			w.step()
+		}
+		if seed == 1 && changed == 0 {
+			t.Fatalf("seed %d: no claim's units changed while the claim stayed the same object; the test does not reach the invalidation", seed)
+		}
+	}
+}

@@ -166,6 +166,8 @@ type Snapshot struct {
 	// and what-if snapshots): what-if snapshots of the same input reuse it (whatif.go).
 	inc   *incremental
 	epoch uint64
+	// devicesEpoch is inc's when this snapshot was derived (0: not a Cache's snapshot).
+	devicesEpoch uint64
 
 	// pre is the device pre-selection of the nodes evaluated so far (prefilter.go).
 	preMu sync.Mutex

@@ -190,3 +190,86 @@ func processCPU() time.Duration {
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// BenchmarkDecideSteady is one cycle of churn's steady state: 200 nodes × 8 GPUs, 800 bound
+// lone one-GPU pods (each its own gang of one in queue q, as the mapper makes them for pods
+// no workload definition knows) and one new lone pod waiting. Every cycle charges each bound
+// pod to its queue and checks each gang's status before it places the new pod; that work per
+// bound pod, repeated in every cycle, was most of tessera-scheduler's CPU under churn
+// (docs/benchmarks.md, "Where tessera's CPU goes under churn"). The snapshot is built with the
+// scheduler's cache and not timed; Memory is kept across cycles as the scheduler keeps it.
+func BenchmarkDecideSteady(b *testing.B) {
+	const nodes, bound = 200, 800
+	var raw snapshot.Input
+	q := &v1alpha1.Queue{ObjectMeta: metav1.ObjectMeta{Name: "q", UID: "q"}}
+	q.Spec.Resources.GPU = &v1alpha1.ResourceQuota{Quota: ptr.To(resource.MustParse("2000")), OverQuotaWeight: ptr.To[int32](1)}
+	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	newGang := func(name string, created time.Time) *decide.Gang {
+		pg := &v1alpha1.PodGroup{ObjectMeta: metav1.ObjectMeta{Namespace: "bench", Name: name, UID: types.UID("pg-" + name), ResourceVersion: "1", Generation: 1,
+			CreationTimestamp: metav1.NewTime(created)}, Spec: v1alpha1.PodGroupSpec{MinMember: 1, Queue: "q"}}
+		return &decide.Gang{Key: "bench/" + name, PodGroup: pg, MappedReason: v1alpha1.ReasonManual}
+	}
+	for i := range nodes {
+		name := fmt.Sprintf("node-%04d", i)
+		raw.Nodes = append(raw.Nodes, fixture.Node(name, nil))
+		raw.Slices = append(raw.Slices, fixture.WholeGPUSlices(name, 8)...)
+	}
+	var gangs []*decide.Gang
+	for i := range bound {
+		name := fmt.Sprintf("run-%04d", i)
+		gg := newGang(name, base.Add(time.Duration(i)*time.Second))
+		c := fixture.AllocatedClaim("bench", name, fmt.Sprintf("node-%04d", i/4), fmt.Sprintf("gpu-%d", i%4))
+		po := fixture.Pod("bench", name, c.Name)
+		c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: name, UID: po.UID}}
+		po.Spec.NodeName, po.Status.Phase, po.ResourceVersion = fmt.Sprintf("node-%04d", i/4), v1.PodRunning, "1"
+		po.Annotations = map[string]string{v1alpha1.PodGroupAnnotation: name}
+		raw.Claims = append(raw.Claims, c)
+		raw.Pods = append(raw.Pods, po)
+		gg.Bound = append(gg.Bound, po)
+		gg.Running++
+		gangs = append(gangs, gg)
+	}
+	gg := newGang("new", base.Add(time.Hour))
+	c := fixture.GPUClaim("bench", "new", 1)
+	po := fixture.Pod("bench", "new", c.Name)
+	po.ResourceVersion = "1"
+	po.Annotations = map[string]string{v1alpha1.PodGroupAnnotation: "new"}
+	raw.Claims = append(raw.Claims, c)
+	raw.Pods = append(raw.Pods, po)
+	gg.Pending = append(gg.Pending, po)
+	gangs = append(gangs, gg)
+	raw.Classes = fixture.DeviceClasses()
+
+	snapCfg := snapshot.Config{Features: features, CELCache: snapshot.NewCELCache(features), PodInfos: filters.NewPodInfoCache(), Cache: snapshot.NewCache()}
+	cfg := decide.Config{Solver: solver.New(solver.Config{Filters: newFilters(b, nil)}), Snapshot: snapCfg}
+	ctx := klog.NewContext(context.Background(), logr.Discard())
+	mem := decide.NewMemory()
+	var cpuTotal time.Duration
+	cycle := func() *decide.Decisions {
+		b.StopTimer()
+		snap := snapCfg.Cache.Snapshot(raw, snapCfg)
+		in := decide.Input{Now: base.Add(2 * time.Hour), Snapshot: snap, Raw: raw, Queues: []*v1alpha1.Queue{q}, Gangs: gangs}
+		b.StartTimer()
+		cpu0 := processCPU()
+		d := decide.Decide(ctx, cfg, in, mem)
+		cpuTotal += processCPU() - cpu0
+		return d
+	}
+	check := func(d *decide.Decisions) {
+		if len(d.Placements) != 1 {
+			b.Fatalf("placed %d gangs, want the new pod's", len(d.Placements))
+		}
+		if u := d.Queues.Get("q").Allocated[v1alpha1.ResourceGPU]; u != bound+1 { // the bound pods and the one placed
+			b.Fatalf("queue q is charged %v GPUs, want %d", u, bound)
+		}
+	}
+	check(cycle()) // warm the caches, as a running scheduler has them
+	cpuTotal = 0
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		check(cycle())
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(cpuTotal.Microseconds())/1000/float64(b.N), "cpu-ms/cycle")
+}
