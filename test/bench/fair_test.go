@@ -48,6 +48,7 @@ var (
 	fairWindow    = flag.Duration("fair-unfit-window", 30*time.Second, "how long the unfit scenario of BenchmarkFair measures the cost of gangs that wait")
 	fairStall     = flag.Duration("fair-stall", time.Minute, "a run of BenchmarkFair ends when no pod has been bound for this long; the pods left are reported as pending")
 	fairTessera   = flag.String("fair-tessera-args", "", "more flags of tessera-scheduler in BenchmarkFair, space-separated (e.g. '--min-cycle-interval=10ms'); the results say which")
+	fairStockArgs = flag.String("fair-stock-args", "", "more flags of the kube-scheduler in BenchmarkFair, space-separated (e.g. '--v=4' to see its queue; later flags win); the results say which")
 	fairProfile   = flag.String("fair-cpu-profile", "", "a directory: each tessera run of the churn scenario writes a CPU profile of tessera-scheduler over its churn phase there (from its /debug/pprof, served on plain HTTP on loopback for it)")
 	fairLogDir    = flag.String("fair-log-dir", "", "a directory where the schedulers' logs are kept (<scenario>-run<N>-<scheduler>[-init].log); without it they are removed with the run")
 )
@@ -128,6 +129,9 @@ func fairScenario(b *testing.B, env *fairEnv, sc scenario) string {
 	fairLog("median of %d runs (min–max), %d nodes:", *fairRuns, *fairNodes)
 	if *fairTessera != "" {
 		fairLog("  tessera-scheduler ran with %s", *fairTessera)
+	}
+	if *fairStockArgs != "" {
+		fairLog("  the kube-scheduler ran with %s", *fairStockArgs)
 	}
 	fairLog("  tessera:        %s", t.describe(sc))
 	fairLog("  kube-scheduler: %s", s.describe(sc))
@@ -528,6 +532,7 @@ profiles:
 			}
 			args = append(args, "--feature-gates="+strings.Join(g, ","))
 		}
+		args = append(args, strings.Fields(*fairStockArgs)...)
 		cmd = exec.Command(filepath.Join(env.binDir, "kube-scheduler"), args...)
 		p := startProcess(b, cmd, logPath)
 		p.metricsURL, p.metrics = "https://127.0.0.1:"+port+"/metrics", adminHTTPClient(b, kubeconfig)
