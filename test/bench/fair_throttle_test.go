@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -58,5 +59,20 @@ func TestParseClientThrottlingNoSeries(t *testing.T) {
 	gauge := "# TYPE rest_client_rate_limiter_duration_seconds gauge\nrest_client_rate_limiter_duration_seconds 3\n"
 	if _, _, err := parseClientThrottling([]byte(gauge)); err == nil {
 		t.Error("a gauge of that name was read as the histogram")
+	}
+}
+
+// TestKlogTime: the harness reads when a scheduler's informers synced from the klog header
+// of the line it logs then, in the year of the process start.
+func TestKlogTime(t *testing.T) {
+	near := time.Date(2026, 12, 8, 0, 7, 10, 0, time.Local)
+	got, ok := klogTime(`I1208 00:07:11.172252   19375 server.go:308] "Handlers synced"`+"\n", near)
+	if want := time.Date(2026, 12, 8, 0, 7, 11, 172252000, time.Local); !ok || !got.Equal(want) {
+		t.Errorf("klogTime = %v, %v; want %v", got, ok, want)
+	}
+	for _, line := range []string{"", "FLAG: --v=1", `X1208 00:07:11.172252 "Handlers synced"`, `I12x8 00:07:11.172252 x`} {
+		if _, ok := klogTime(line, near); ok {
+			t.Errorf("klogTime(%q) parsed", line)
+		}
 	}
 }
