@@ -181,8 +181,8 @@ func addPodUsage(u quota.Usage, snap *snapshot.Snapshot, p *v1.Pod, counted map[
 	u[v1alpha1.ResourceGPU] += podGPUUnits(snap, p, counted)
 }
 
-// podGPUUnits is the GPU units of a bound pod's claims not counted yet (podUsage without the
-// requests, for where only GPUs matter).
+// podGPUUnits is the GPU units of a bound pod's claims not counted yet (addPodUsage without
+// the requests, for where only GPUs matter).
 func podGPUUnits(snap *snapshot.Snapshot, p *v1.Pod, counted map[types.UID]bool) float64 {
 	units := 0.0
 	add := func(c *resourceapi.ResourceClaim) {

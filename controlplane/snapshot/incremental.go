@@ -187,7 +187,9 @@ func (b *incremental) update(in Input) *Snapshot {
 	b.updatePods(in.Pods, ch)
 	b.updateClaims(in.Claims, ch)
 
-	// Devices first: they decide which node publishes which pool.
+	// Devices first: they decide which node publishes which pool. A removed node's pools
+	// (ch.pools, from updateNodes), the network-attached slices or any node's devices part
+	// change what allocations cost (devicesEpoch).
 	devicesChanged := len(ch.pools) > 0 || ch.sharedSlices || b.devicesEpoch == 0
 	for name, parts := range ch.dirty {
 		ne := b.nodes[name]
@@ -253,7 +255,7 @@ func (b *incremental) update(in Input) *Snapshot {
 		}
 		sort.Strings(b.sorted)
 	}
-	if devicesChanged || len(ch.pools) > 0 {
+	if devicesChanged {
 		b.devicesEpoch++
 	}
 	b.publishClaims(ch.claimDelta)

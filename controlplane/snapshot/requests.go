@@ -63,7 +63,8 @@ func (s *Snapshot) boundPodEntry(pod *v1.Pod) *podEntry {
 // ClaimUnits returns AllocationUnits(claim.Status.Allocation). For a claim of the input a
 // Cache snapshot was derived from (the same object), the incremental state keeps the sum
 // while the devices that price it are the snapshot's (devicesEpoch): a snapshot derived
-// after a slice, node or pool owner changed computes it again.
+// after a slice, node or pool owner changed computes it again, and an older snapshot
+// computes its own without keeping it.
 func (s *Snapshot) ClaimUnits(claim *resourceapi.ResourceClaim) float64 {
 	if claim.Status.Allocation == nil {
 		return 0
@@ -73,27 +74,14 @@ func (s *Snapshot) ClaimUnits(claim *resourceapi.ResourceClaim) float64 {
 	}
 	c := s.inc.cfg.Cache
 	c.incMu.Lock()
-	var ce *claimEntry
-	if c.inc == s.inc && s.devicesEpoch == s.inc.devicesEpoch {
-		if e := s.inc.claims[keyOf(&claim.ObjectMeta)]; e != nil && e.claim == claim {
-			ce = e
-			if ce.unitsEpoch == s.devicesEpoch {
-				units := ce.units
-				c.incMu.Unlock()
-				return units
-			}
-		}
+	defer c.incMu.Unlock()
+	ce := s.inc.claims[keyOf(&claim.ObjectMeta)]
+	if c.inc != s.inc || s.devicesEpoch != s.inc.devicesEpoch || ce == nil || ce.claim != claim {
+		return s.AllocationUnits(claim.Status.Allocation)
 	}
-	c.incMu.Unlock()
-	units := s.AllocationUnits(claim.Status.Allocation)
-	if ce != nil {
-		c.incMu.Lock()
-		// Only while nothing moved on since the check above: a later update may have
-		// changed the devices (then this snapshot's units are not the state's).
-		if c.inc == s.inc && s.devicesEpoch == s.inc.devicesEpoch {
-			ce.units, ce.unitsEpoch = units, s.devicesEpoch
-		}
-		c.incMu.Unlock()
+	if ce.unitsEpoch != s.devicesEpoch {
+		// AllocationUnits reads only this snapshot's nodes and costs, never the lock's state.
+		ce.units, ce.unitsEpoch = s.AllocationUnits(claim.Status.Allocation), s.devicesEpoch
 	}
-	return units
+	return ce.units
 }

@@ -260,7 +260,7 @@ func BenchmarkDecideSteady(b *testing.B) {
 			b.Fatalf("placed %d gangs, want the new pod's", len(d.Placements))
 		}
 		if u := d.Queues.Get("q").Allocated[v1alpha1.ResourceGPU]; u != bound+1 { // the bound pods and the one placed
-			b.Fatalf("queue q is charged %v GPUs, want %d", u, bound)
+			b.Fatalf("queue q is charged %v GPUs, want %d", u, bound+1)
 		}
 	}
 	// The first cycle warms the caches, as a running scheduler has them, and writes the
