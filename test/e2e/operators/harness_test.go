@@ -310,6 +310,35 @@ func (h *harness) create(u *unstructured.Unstructured) *unstructured.Unstructure
 	return out
 }
 
+// createAdmitted is create for an object whose operator's admission webhook may deny it
+// while the operator's cache has not yet seen an object it refers to (Trainer's webhook
+// looks a TrainJob's runtime up in its informer cache, so a TrainJob created right after
+// its TrainingRuntime can be denied with "must be created before"): it retries while the
+// denial contains notYet, for at most a minute, and fails on any other error.
+func (h *harness) createAdmitted(u *unstructured.Unstructured, notYet string) *unstructured.Unstructured {
+	h.t.Helper()
+	gvk := u.GroupVersionKind()
+	m, err := h.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+	if err != nil {
+		h.t.Fatalf("%s: %v", gvk, err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		out, err := h.dyn.Resource(m.Resource).Namespace(h.ns).Create(h.ctx, u, metav1.CreateOptions{})
+		if err == nil {
+			return out
+		}
+		if !strings.Contains(err.Error(), notYet) || time.Now().After(deadline) {
+			h.t.Fatalf("create %s %s: %v", gvk.Kind, u.GetName(), err)
+		}
+		select {
+		case <-h.ctx.Done():
+			h.t.Fatalf("create %s %s: %v", gvk.Kind, u.GetName(), h.ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
 // gang is what a test expects of one PodGroup: its minMember, and how many pods
 // the real operator creates for it.
 type gang struct {

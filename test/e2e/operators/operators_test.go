@@ -248,7 +248,7 @@ spec:
   trainer:
     numNodes: 2
 `, nil)
-	h.create(tj)
+	h.createAdmitted(tj, "must be created before the TrainJob is created")
 	h.waitGangs(map[string]gang{"trainjob-torch-2-nodes-trainer": {2, 2}}, 0, placeTimeout)
 }
 
